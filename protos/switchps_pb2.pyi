@@ -1,0 +1,165 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Variable(_message.Message):
+    __slots__ = ("name", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Layout(_message.Message):
+    __slots__ = ("variables", "digest")
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    variables: _containers.RepeatedCompositeFieldContainer[Variable]
+    digest: str
+    def __init__(self, variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class WorkOrder(_message.Message):
+    __slots__ = ("protocol", "version", "sample_budget", "time_budget_s", "micro_batch", "stop")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TIME_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    protocol: str
+    version: int
+    sample_budget: int
+    time_budget_s: float
+    micro_batch: int
+    stop: bool
+    def __init__(self, protocol: _Optional[str] = ..., version: _Optional[int] = ..., sample_budget: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., micro_batch: _Optional[int] = ..., stop: _Optional[bool] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("worker", "layout", "shard_size")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SHARD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    layout: Layout
+    shard_size: int
+    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., shard_size: _Optional[int] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("send_init", "order", "num_workers")
+    SEND_INIT_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    send_init: bool
+    order: WorkOrder
+    num_workers: int
+    def __init__(self, send_init: _Optional[bool] = ..., order: _Optional[_Union[WorkOrder, _Mapping]] = ..., num_workers: _Optional[int] = ...) -> None: ...
+
+class StepStats(_message.Message):
+    __slots__ = ("step", "compute_s", "send_s", "wait_s", "sleep_s", "loss_sum")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    SEND_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    compute_s: float
+    send_s: float
+    wait_s: float
+    sleep_s: float
+    loss_sum: float
+    def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ...) -> None: ...
+
+class PushHeader(_message.Message):
+    __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    base_version: int
+    samples: int
+    layout_digest: str
+    nbytes: int
+    stats: StepStats
+    def __init__(self, worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[StepStats, _Mapping]] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("order", "applied", "note", "staleness", "wait_s", "nbytes")
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    order: WorkOrder
+    applied: bool
+    note: str
+    staleness: int
+    wait_s: float
+    nbytes: int
+    def __init__(self, order: _Optional[_Union[WorkOrder, _Mapping]] = ..., applied: _Optional[bool] = ..., note: _Optional[str] = ..., staleness: _Optional[int] = ..., wait_s: _Optional[float] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("worker", "have_version", "wait_initialized")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    have_version: int
+    wait_initialized: bool
+    def __init__(self, worker: _Optional[int] = ..., have_version: _Optional[int] = ..., wait_initialized: _Optional[bool] = ...) -> None: ...
+
+class InitHeader(_message.Message):
+    __slots__ = ("worker", "layout_digest", "nbytes")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    layout_digest: str
+    nbytes: int
+    def __init__(self, worker: _Optional[int] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class EvalReport(_message.Message):
+    __slots__ = ("version", "test_loss", "test_accuracy", "final")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEST_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    test_loss: float
+    test_accuracy: float
+    final: bool
+    def __init__(self, version: _Optional[int] = ..., test_loss: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("version", "protocol", "test_accuracy", "done", "final_eval_done", "samples", "total_steps", "progress", "active_workers")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    FINAL_EVAL_DONE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    protocol: str
+    test_accuracy: float
+    done: bool
+    final_eval_done: bool
+    samples: int
+    total_steps: int
+    progress: float
+    active_workers: int
+    def __init__(self, version: _Optional[int] = ..., protocol: _Optional[str] = ..., test_accuracy: _Optional[float] = ..., done: _Optional[bool] = ..., final_eval_done: _Optional[bool] = ..., samples: _Optional[int] = ..., total_steps: _Optional[int] = ..., progress: _Optional[float] = ..., active_workers: _Optional[int] = ...) -> None: ...

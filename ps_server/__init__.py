@@ -1,0 +1,1 @@
+"""switchps.ps_server"""

@@ -1,0 +1,74 @@
+"""Run a parameter server for one training run until it finishes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import start_http_server
+
+from switchps.config import RunConfig
+from switchps.ps_server.model import ModelStore
+from switchps.ps_server.optimizers import make_optimizer, make_schedule
+from switchps.ps_server.records import RunRecorder
+from switchps.ps_server.service import ParameterServer, start_server, wait_until
+from switchps.ps_server.sync import SyncEngine
+
+log = logging.getLogger("switchps.ps")
+STOP_GRACE_S = 15.0
+
+
+def optimizer_factory(cfg: RunConfig):
+    o = cfg.optimizer
+    schedule = make_schedule(o.schedule.kind, o.learning_rate,
+                             **o.schedule.model_dump(exclude={"kind"}, exclude_none=True))
+    return lambda size: make_optimizer(o.name, size, schedule, **o.params)
+
+
+def build_engine(cfg: RunConfig, run_dir: Path) -> SyncEngine:
+    store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes)
+    return SyncEngine(store, RunRecorder(run_dir), cfg.protocol, cfg.train, cfg.cluster.num_workers,
+                      cfg.cluster.startup_timeout_s)
+
+
+def run_ps(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+    """Serve until training ends and the final evaluation is in; write and return the summary."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(cfg.dump())
+    engine = build_engine(cfg, run_dir)
+    ps = ParameterServer(engine, cfg.cluster.num_workers)
+    server, port, health = start_server(ps, cfg.cluster.ps, max_workers=2 * cfg.cluster.num_workers + 8)
+    if cfg.runtime.metrics_port is not None:
+        start_http_server(cfg.runtime.metrics_port)
+    log.info("PS serving on port %d, run directory %s", port, run_dir)
+    try:
+        while not engine.done:
+            engine.tick()
+            time.sleep(0.05)
+        wait_until(lambda: ps.final_eval_done, cfg.eval.final_timeout_s)
+        wait_until(lambda: ps.told_stop >= set(engine.registered), STOP_GRACE_S)
+    finally:
+        health.enter_graceful_shutdown()
+        server.stop(grace=1.0).wait()
+    return engine.rec.close(_summary(cfg, engine, ps))
+
+
+def _summary(cfg: RunConfig, engine: SyncEngine, ps: ParameterServer) -> dict[str, Any]:
+    wall = (engine.finished_at or time.monotonic()) - (engine.started_at or time.monotonic())
+    target = cfg.eval.target_accuracy
+    reached = [t for t, _, _, acc in engine.rec.evals if target is not None and acc >= target]
+    return {
+        "name": cfg.name,
+        "protocol": cfg.protocol.name,
+        "num_workers": cfg.cluster.num_workers,
+        "wall_time_s": round(wall, 3),
+        "updates": engine.store.version,
+        "samples": engine.samples_applied,
+        "samples_per_s": round(engine.samples_applied / wall, 1) if wall > 0 else None,
+        "target_accuracy": target,
+        "time_to_target_s": reached[0] if reached else None,
+        "final_eval_reported": ps.final_eval_done,
+        "workers_not_told_stop": sorted(set(engine.registered) - ps.told_stop),
+    }

@@ -1,0 +1,478 @@
+"""Server-side optimizers on flat float32 parameter vectors.
+
+The update rules reproduce Keras 3 (``keras.optimizers.SGD``, ``RMSprop``,
+``Adam``, ``Adagrad``) operation by operation in float32, with the same default
+hyper-parameters, so a parameter server and a Keras model trained with the same
+gradients stay numerically interchangeable.
+
+All updates run in place over blocks of ``BLOCK`` elements, so the per-step
+temporaries (one block-sized scratch buffer plus the gradient itself, which is
+used as scratch) stay in cache and no full-size temporary is allocated.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+Schedule = Callable[[int], float]
+"""Maps the optimizer's ``iterations`` (0 before the first update) to a learning rate."""
+
+BLOCK = 131072
+"""Elements per block (512 KiB per float32 array), read when an optimizer is created."""
+
+_f32 = np.float32
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+@dataclass(frozen=True)
+class _Constant:
+    learning_rate: float
+
+    def __call__(self, step: int) -> float:
+        return self.learning_rate
+
+
+@dataclass(frozen=True)
+class _Piecewise:
+    """``keras.optimizers.schedules.PiecewiseConstantDecay``: ``values[i]`` for
+    ``boundaries[i-1] < step <= boundaries[i]``."""
+
+    boundaries: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __call__(self, step: int) -> float:
+        return self.values[bisect.bisect_left(self.boundaries, step)]
+
+
+@dataclass(frozen=True)
+class _Exponential:
+    """``keras.optimizers.schedules.ExponentialDecay``."""
+
+    learning_rate: float
+    decay_steps: int
+    decay_rate: float
+    staircase: bool
+
+    def __call__(self, step: int) -> float:
+        p = step / self.decay_steps
+        if self.staircase:
+            p = math.floor(p)
+        return self.learning_rate * self.decay_rate**p
+
+
+@dataclass(frozen=True)
+class _Cosine:
+    """``keras.optimizers.schedules.CosineDecay`` (without Keras's own warmup)."""
+
+    learning_rate: float
+    decay_steps: int
+    alpha: float
+
+    def __call__(self, step: int) -> float:
+        fraction = min(step, self.decay_steps) / self.decay_steps
+        cosine = 0.5 * (1.0 + math.cos(math.pi * fraction))
+        return self.learning_rate * ((1.0 - self.alpha) * cosine + self.alpha)
+
+
+@dataclass(frozen=True)
+class _Warmup:
+    """``base(step) * min(1, (step + 1) / warmup_steps)``."""
+
+    base: Schedule
+    warmup_steps: int
+
+    def __call__(self, step: int) -> float:
+        return self.base(step) * min(1.0, (step + 1) / self.warmup_steps)
+
+
+def make_schedule(
+    kind: str,
+    learning_rate: float,
+    *,
+    boundaries: list[int] | None = None,
+    values: list[float] | None = None,
+    decay_steps: int | None = None,
+    decay_rate: float | None = None,
+    alpha: float = 0.0,
+    staircase: bool = False,
+    warmup_steps: int = 0,
+) -> Schedule:
+    """Build a learning-rate schedule ``step -> lr``.
+
+    Kinds (each matches the Keras schedule of the same semantics):
+
+    * ``"constant"``: ``learning_rate``.
+    * ``"step"``: ``PiecewiseConstantDecay(boundaries, values)``; ``values``
+      (``len(boundaries) + 1`` absolute rates) may be omitted in favour of
+      ``decay_rate``, giving ``values[i] = learning_rate * decay_rate**i``.
+    * ``"exponential"``: ``ExponentialDecay(learning_rate, decay_steps,
+      decay_rate, staircase)``.
+    * ``"cosine"``: ``CosineDecay(learning_rate, decay_steps, alpha)``.
+
+    ``warmup_steps > 0`` multiplies any of them by a linear warmup from 0:
+    ``lr(step) = base(step) * min(1, (step + 1) / warmup_steps)``, so the first
+    update (step 0) uses ``base(0) / warmup_steps`` and step ``warmup_steps - 1``
+    onwards uses the full ``base(step)``.
+
+    Raises ``ValueError`` for unknown kinds, missing or out-of-range arguments,
+    and arguments that the chosen kind does not use.
+    """
+    used = {
+        "constant": set(),
+        "step": {"boundaries", "values", "decay_rate"},
+        "exponential": {"decay_steps", "decay_rate", "staircase"},
+        "cosine": {"decay_steps", "alpha"},
+    }
+    if kind not in used:
+        raise ValueError(f"unknown schedule kind {kind!r}; expected one of {sorted(used)}")
+    given = {
+        name
+        for name, value, default in (
+            ("boundaries", boundaries, None),
+            ("values", values, None),
+            ("decay_steps", decay_steps, None),
+            ("decay_rate", decay_rate, None),
+            ("alpha", alpha, 0.0),
+            ("staircase", staircase, False),
+        )
+        if value != default
+    }
+    if extra := sorted(given - used[kind]):
+        raise ValueError(f"schedule {kind!r} does not take {', '.join(extra)}")
+    if not (math.isfinite(learning_rate) and learning_rate >= 0):
+        raise ValueError(f"learning_rate must be finite and >= 0, got {learning_rate}")
+    if not (isinstance(warmup_steps, int) and warmup_steps >= 0):
+        raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
+    if kind in ("exponential", "cosine") and not (
+        isinstance(decay_steps, int) and decay_steps > 0
+    ):
+        raise ValueError(f"schedule {kind!r} needs an int decay_steps > 0, got {decay_steps!r}")
+    if decay_rate is not None and not (math.isfinite(decay_rate) and decay_rate > 0):
+        raise ValueError(f"decay_rate must be finite and > 0, got {decay_rate}")
+
+    base: Schedule
+    if kind == "constant":
+        base = _Constant(float(learning_rate))
+    elif kind == "step":
+        if not boundaries:
+            raise ValueError("schedule 'step' needs a non-empty list of boundaries")
+        if any(b >= c for b, c in zip(boundaries, boundaries[1:])):
+            raise ValueError(f"boundaries must be strictly increasing, got {boundaries}")
+        if values is None:
+            if decay_rate is None:
+                raise ValueError("schedule 'step' needs values or decay_rate")
+            values = [learning_rate * decay_rate**i for i in range(len(boundaries) + 1)]
+        elif decay_rate is not None:
+            raise ValueError("schedule 'step' takes values or decay_rate, not both")
+        if len(values) != len(boundaries) + 1:
+            raise ValueError(
+                f"schedule 'step' needs len(values) == len(boundaries) + 1, got "
+                f"{len(values)} values for {len(boundaries)} boundaries"
+            )
+        base = _Piecewise(tuple(int(b) for b in boundaries), tuple(float(v) for v in values))
+    elif kind == "exponential":
+        if decay_rate is None:
+            raise ValueError("schedule 'exponential' needs decay_rate")
+        base = _Exponential(float(learning_rate), decay_steps, float(decay_rate), staircase)
+    else:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        base = _Cosine(float(learning_rate), decay_steps, float(alpha))
+    return _Warmup(base, warmup_steps) if warmup_steps > 0 else base
+
+
+# --------------------------------------------------------------------------- optimizers
+
+
+class Optimizer:
+    """Base: holds flat float32 state arrays sized like the flat parameter vector.
+
+    Public attributes: ``name``, ``size``, ``schedule``, ``hyper`` (all
+    hyper-parameters, defaults filled in), ``iterations`` (applied updates, as
+    Keras's ``iterations``), ``lr_scale`` (multiplier on the schedule, 1.0) and
+    ``state`` (slot name -> float32 array of ``size``). Not thread-safe: callers
+    serialise ``apply`` and the state methods.
+
+    Subclasses declare ``defaults`` (accepted hyper-parameters), ``first_moments``
+    (state rescaled by :meth:`scale_state`) and implement ``_slots`` (state
+    arrays and their initial values) and ``_update`` (one block), optionally
+    ``_step_size`` (per-step scalar derived from the learning rate).
+    """
+
+    name: ClassVar[str]
+    defaults: ClassVar[dict[str, float]]
+    first_moments: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, size: int, schedule: Schedule, **hyper: float) -> None:
+        if size < 0:
+            raise ValueError(f"size must be >= 0, got {size}")
+        for key in hyper:
+            if key not in self.defaults:
+                raise ValueError(
+                    f"{self.name}: unknown hyper-parameter {key!r}; "
+                    f"accepted: {', '.join(sorted(self.defaults)) or 'none'}"
+                )
+        self.size = size
+        self.schedule = schedule
+        self.hyper = {key: float(hyper.get(key, default)) for key, default in self.defaults.items()}
+        self._validate()
+        self.iterations = 0
+        self.lr_scale = 1.0
+        self.state = {key: np.full(size, init, np.float32) for key, init in self._slots().items()}
+        self._block = BLOCK
+        self._scratch = np.empty(min(size, BLOCK), np.float32)
+
+    def _validate(self) -> None:
+        for key in ("momentum", "rho"):
+            if key in self.hyper and not 0.0 <= self.hyper[key] <= 1.0:
+                raise ValueError(f"{self.name}: {key} must be in [0, 1], got {self.hyper[key]}")
+        for key in ("beta_1", "beta_2"):
+            if key in self.hyper and not 0.0 <= self.hyper[key] < 1.0:
+                raise ValueError(f"{self.name}: {key} must be in [0, 1), got {self.hyper[key]}")
+        for key in ("epsilon", "initial_accumulator_value"):
+            if key in self.hyper and not self.hyper[key] >= 0.0:
+                raise ValueError(f"{self.name}: {key} must be >= 0, got {self.hyper[key]}")
+
+    def _slots(self) -> dict[str, float]:
+        """State arrays to allocate, with their initial (reset) values."""
+        return {}
+
+    def _step_size(self, lr: np.float32) -> np.float32:
+        """Per-step scalar handed to ``_update`` (the learning rate unless overridden)."""
+        return lr
+
+    def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, lr: np.float32,
+                block: slice) -> None:
+        """Update the block ``p`` (``= params[block]``) in place from gradient ``g``.
+
+        ``g`` and ``tmp`` are scratch; state arrays are accessed as
+        ``self.state[key][block]``.
+        """
+        raise NotImplementedError
+
+    def learning_rate(self) -> float:
+        """``schedule(iterations) * lr_scale``."""
+        return float(self.schedule(self.iterations)) * self.lr_scale
+
+    def apply(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0) -> float:
+        """Apply one update in place to ``params`` and return the effective learning rate.
+
+        ``params`` must be a C-contiguous 1-D float32 array of ``size`` elements.
+        ``grad`` (the mean gradient, same shape) is OVERWRITTEN: it serves as
+        scratch space; a non-float32 or non-contiguous ``grad`` is copied first.
+        The effective rate is ``learning_rate() * lr_factor`` (``lr_factor``
+        e.g. ``1 / (1 + staleness)``); ``iterations`` is incremented afterwards.
+        """
+        if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
+            raise ValueError(
+                f"{self.name}: params must be C-contiguous float32 of shape ({self.size},), "
+                f"got {params.dtype} {params.shape}"
+            )
+        if grad.shape != (self.size,):
+            raise ValueError(f"{self.name}: grad must have shape ({self.size},), got {grad.shape}")
+        if grad.dtype != np.float32 or not grad.flags.c_contiguous or not grad.flags.writeable:
+            grad = np.array(grad, dtype=np.float32)
+        lr = self.learning_rate() * lr_factor
+        step_size = self._step_size(_f32(lr))
+        for start in range(0, self.size, self._block):
+            block = slice(start, min(start + self._block, self.size))
+            n = block.stop - start
+            self._update(params[block], grad[block], self._scratch[:n], step_size, block)
+        self.iterations += 1
+        return lr
+
+    def reset_state(self) -> None:
+        """Reset every state array to its initial value; ``iterations`` is kept."""
+        for key, init in self._slots().items():
+            self.state[key].fill(init)
+
+    def scale_state(self, factor: float) -> None:
+        """Multiply the first-moment / velocity state by ``factor``: SGD's momentum
+        velocity, RMSprop's momentum buffer (not its ``velocity`` = mean square),
+        Adam's first moment; nothing for plain SGD and Adagrad."""
+        for key in self.first_moments:
+            if key in self.state:
+                np.multiply(self.state[key], _f32(factor), out=self.state[key])
+
+    def state_dict(self) -> dict[str, np.ndarray | int | float]:
+        """Checkpoint: copies of the state arrays (keyed by slot name), ``iterations``,
+        ``lr_scale`` and the hyper-parameters (keyed ``hyper.<name>``)."""
+        d: dict[str, np.ndarray | int | float] = {key: arr.copy() for key, arr in self.state.items()}
+        d.update({f"hyper.{key}": value for key, value in self.hyper.items()})
+        d.update(iterations=self.iterations, lr_scale=self.lr_scale)
+        return d
+
+    def load_state_dict(self, d: dict[str, np.ndarray | int | float]) -> None:
+        """Restore a :meth:`state_dict`; its hyper-parameters must equal this optimizer's."""
+        expected = {*self.state, *(f"hyper.{key}" for key in self.hyper), "iterations", "lr_scale"}
+        if set(d) != expected:
+            raise ValueError(f"{self.name}: state keys {sorted(d)} != expected {sorted(expected)}")
+        for key, value in self.hyper.items():
+            if float(d[f"hyper.{key}"]) != value:
+                raise ValueError(
+                    f"{self.name}: checkpoint has hyper.{key}={d[f'hyper.{key}']}, optimizer has {value}"
+                )
+        for key, arr in self.state.items():
+            src = np.asarray(d[key])
+            if src.shape != arr.shape:
+                raise ValueError(f"{self.name}: state {key!r} has shape {src.shape}, expected {arr.shape}")
+            np.copyto(arr, src, casting="same_kind")
+        self.iterations = int(d["iterations"])
+        self.lr_scale = float(d["lr_scale"])
+
+
+class SGD(Optimizer):
+    """``keras.optimizers.SGD``: ``m = momentum*m - lr*g``; ``p += m`` (or, with
+    Nesterov, ``p += momentum*m - lr*g``); plain ``p -= lr*g`` when momentum is 0."""
+
+    name = "sgd"
+    defaults = {"momentum": 0.0}
+    first_moments = ("momentum",)
+    nesterov: ClassVar[bool] = False
+
+    def _slots(self) -> dict[str, float]:
+        return {"momentum": 0.0} if self.hyper["momentum"] != 0.0 else {}
+
+    def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, lr: np.float32,
+                block: slice) -> None:
+        np.multiply(g, lr, out=g)
+        if not self.state:
+            np.subtract(p, g, out=p)
+            return
+        mom = _f32(self.hyper["momentum"])
+        m = self.state["momentum"][block]
+        np.multiply(m, mom, out=m)
+        np.subtract(m, g, out=m)
+        if self.nesterov:
+            np.multiply(m, mom, out=tmp)
+            np.subtract(tmp, g, out=tmp)
+            np.add(p, tmp, out=p)
+        else:
+            np.add(p, m, out=p)
+
+
+class Momentum(SGD):
+    """SGD with (heavy-ball) momentum, default 0.9."""
+
+    name = "momentum"
+    defaults = {"momentum": 0.9}
+
+
+class Nesterov(SGD):
+    """SGD with Nesterov momentum, default 0.9."""
+
+    name = "nesterov"
+    defaults = {"momentum": 0.9}
+    nesterov = True
+
+
+class RMSprop(Optimizer):
+    """``keras.optimizers.RMSprop`` (uncentered): ``v = rho*v + (1-rho)*g^2``;
+    ``inc = lr*g / sqrt(v + eps)``; ``p -= inc`` or, with momentum,
+    ``mom = momentum*mom + inc; p -= mom``."""
+
+    name = "rmsprop"
+    defaults = {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7}
+    first_moments = ("momentum",)
+
+    def _slots(self) -> dict[str, float]:
+        return {"velocity": 0.0} | ({"momentum": 0.0} if self.hyper["momentum"] > 0 else {})
+
+    def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, lr: np.float32,
+                block: slice) -> None:
+        h = self.hyper
+        v = self.state["velocity"][block]
+        np.multiply(v, _f32(h["rho"]), out=v)
+        np.square(g, out=tmp)
+        np.multiply(tmp, _f32(1 - h["rho"]), out=tmp)
+        np.add(v, tmp, out=v)
+        np.add(v, _f32(h["epsilon"]), out=tmp)
+        np.sqrt(tmp, out=tmp)
+        np.multiply(g, lr, out=g)
+        np.divide(g, tmp, out=g)
+        if "momentum" in self.state:
+            m = self.state["momentum"][block]
+            np.multiply(m, _f32(h["momentum"]), out=m)
+            np.add(m, g, out=m)
+            g = m
+        np.subtract(p, g, out=p)
+
+
+class Adam(Optimizer):
+    """``keras.optimizers.Adam`` (no AMSGrad): ``m += (g-m)*(1-b1)``;
+    ``v += (g^2-v)*(1-b2)``; ``p -= m*alpha / (sqrt(v) + eps)`` with
+    ``alpha = lr*sqrt(1-b2^t)/(1-b1^t)``, ``t = iterations + 1``."""
+
+    name = "adam"
+    defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+    first_moments = ("momentum",)
+
+    def _slots(self) -> dict[str, float]:
+        return {"momentum": 0.0, "velocity": 0.0}
+
+    def _step_size(self, lr: np.float32) -> np.float32:
+        """Bias-corrected ``alpha``, in float32 exactly as Keras computes it."""
+        t = _f32(self.iterations + 1)
+        b1_power = _f32(self.hyper["beta_1"]) ** t
+        b2_power = _f32(self.hyper["beta_2"]) ** t
+        return lr * np.sqrt(_f32(1) - b2_power) / (_f32(1) - b1_power)
+
+    def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, alpha: np.float32,
+                block: slice) -> None:
+        h = self.hyper
+        m = self.state["momentum"][block]
+        v = self.state["velocity"][block]
+        np.subtract(g, m, out=tmp)
+        np.multiply(tmp, _f32(1 - h["beta_1"]), out=tmp)
+        np.add(m, tmp, out=m)
+        np.square(g, out=g)
+        np.subtract(g, v, out=g)
+        np.multiply(g, _f32(1 - h["beta_2"]), out=g)
+        np.add(v, g, out=v)
+        np.multiply(m, alpha, out=tmp)
+        np.sqrt(v, out=g)
+        np.add(g, _f32(h["epsilon"]), out=g)
+        np.divide(tmp, g, out=tmp)
+        np.subtract(p, tmp, out=p)
+
+
+class Adagrad(Optimizer):
+    """``keras.optimizers.Adagrad``: ``acc += g^2``; ``p -= lr*g / sqrt(acc + eps)``;
+    ``acc`` starts (and resets) at ``initial_accumulator_value``."""
+
+    name = "adagrad"
+    defaults = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
+
+    def _slots(self) -> dict[str, float]:
+        return {"accumulator": self.hyper["initial_accumulator_value"]}
+
+    def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, lr: np.float32,
+                block: slice) -> None:
+        acc = self.state["accumulator"][block]
+        np.square(g, out=tmp)
+        np.add(acc, tmp, out=acc)
+        np.add(acc, _f32(self.hyper["epsilon"]), out=tmp)
+        np.sqrt(tmp, out=tmp)
+        np.multiply(g, lr, out=g)
+        np.divide(g, tmp, out=g)
+        np.subtract(p, g, out=p)
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {
+    cls.name: cls for cls in (SGD, Momentum, Nesterov, RMSprop, Adam, Adagrad)
+}
+
+
+def make_optimizer(name: str, size: int, schedule: Schedule, **hyper: float) -> Optimizer:
+    """Instantiate ``OPTIMIZERS[name]``; unknown names or hyper-parameters raise ``ValueError``."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
+    return OPTIMIZERS[name](size, schedule, **hyper)

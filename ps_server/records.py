@@ -1,0 +1,128 @@
+"""The run record: CSV tables, an event log, counters and the summary.
+
+The PS is the only writer of a run directory. Rows are buffered and flushed
+by a background thread so that recording never blocks the push path on disk.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
+              "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s")
+WORKER_COLUMNS = ("time_s", "worker", "step", "base_version", "samples", "compute_s", "send_s",
+                  "wait_s", "sleep_s", "loss")
+EVAL_COLUMNS = ("time_s", "version", "test_loss", "test_accuracy")
+
+
+@dataclass
+class _Table:
+    path: Path
+    columns: tuple[str, ...]
+    rows: list[tuple] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        with self.path.open("w", newline="") as f:
+            csv.writer(f).writerow(self.columns)
+
+    def flush(self) -> None:
+        rows, self.rows = self.rows, []
+        if rows:
+            with self.path.open("a", newline="") as f:
+                csv.writer(f).writerows(rows)
+
+
+class RunRecorder:
+    """Appends rows and events, counts pushes, and writes ``summary.json``."""
+
+    def __init__(self, run_dir: Path, flush_every_s: float = 0.5) -> None:
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self.ps = _Table(run_dir / "ps.csv", PS_COLUMNS)
+        self.workers = _Table(run_dir / "workers.csv", WORKER_COLUMNS)
+        self.eval = _Table(run_dir / "eval.csv", EVAL_COLUMNS)
+        self._events: list[str] = []
+        (run_dir / "events.jsonl").write_text("")
+        self.counts: Counter[str] = Counter()
+        self.reasons: Counter[str] = Counter()
+        self.evals: list[tuple[float, int, float, float]] = []
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, args=(flush_every_s,), daemon=True)
+        self._flusher.start()
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 6)
+
+    def update(self, **row: Any) -> None:
+        with self._lock:
+            self.ps.rows.append(tuple(_fmt(row.get(c)) for c in PS_COLUMNS))
+
+    def worker_step(self, **row: Any) -> None:
+        with self._lock:
+            self.workers.rows.append(tuple(_fmt(row.get(c)) for c in WORKER_COLUMNS))
+
+    def evaluation(self, version: int, test_loss: float, test_accuracy: float) -> None:
+        t = self.now()
+        with self._lock:
+            self.evals.append((t, version, test_loss, test_accuracy))
+            self.eval.rows.append((_fmt(t), version, _fmt(test_loss), _fmt(test_accuracy)))
+
+    def event(self, event: str, **fields: Any) -> None:
+        with self._lock:
+            self._events.append(json.dumps({"time_s": self.now(), "event": event, **fields}))
+
+    def count(self, what: str, reason: str | None = None) -> None:
+        """Count an accepted, rejected or dropped push (with its reason)."""
+        with self._lock:
+            self.counts[what] += 1
+            if reason:
+                self.reasons[f"{what}:{reason}"] += 1
+
+    def flush(self) -> None:
+        with self._lock:
+            for t in (self.ps, self.workers, self.eval):
+                t.flush()
+            events, self._events = self._events, []
+        if events:
+            with (self.run_dir / "events.jsonl").open("a") as f:
+                f.write("\n".join(events) + "\n")
+
+    def _flush_loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.flush()
+
+    def close(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Stop the flusher, flush everything and write ``summary.json``."""
+        self._stop.set()
+        self._flusher.join()
+        self.flush()
+        accs = [e[3] for e in self.evals]
+        full = {
+            "final_test_accuracy": accs[-1] if accs else None,
+            "best_test_accuracy": max(accs) if accs else None,
+            "final_test_loss": self.evals[-1][2] if self.evals else None,
+            "pushes_accepted": self.counts["accepted"],
+            "pushes_rejected": self.counts["rejected"],
+            "pushes_dropped": self.counts["dropped"],
+            "push_reasons": dict(sorted(self.reasons.items())),
+            **summary,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(full, indent=2) + "\n")
+        return full
+
+
+def _fmt(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v

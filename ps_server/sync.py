@@ -1,0 +1,264 @@
+"""Synchronization protocols: when a pushed gradient is applied and when its pusher is released.
+
+One ``SyncEngine`` serves every push. Under the engine's condition lock it
+keeps membership (registered / active workers), the BSP round in flight and
+the SSP clocks; the model store's own lock covers only the apply itself.
+
+- **BSP**: pushes for the current version join a round; the round completes
+  when every active worker (minus ``backup_workers``) has pushed, is applied as
+  one update of ΣG/Σb, and releases everyone. A round older than
+  ``deadline_s`` completes without its missing workers, who become inactive
+  until they push again. Pushes for an older version are dropped and counted.
+- **ASP**: every push is applied on arrival (optionally with lr/(1+τ)).
+- **SSP(s)**: applied on arrival; the pusher's reply is held while its clock
+  is more than ``s`` ahead of the slowest active worker's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from switchps.config import ProtocolSpec, TrainSpec
+from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.model import ModelStore
+from switchps.ps_server.records import RunRecorder
+
+
+@dataclass
+class Push:
+    """A validated push: ``grad`` is the SUM of per-sample gradients over ``samples``."""
+
+    worker: int
+    base_version: int
+    samples: int
+    grad: np.ndarray
+    loss_sum: float = 0.0
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Outcome:
+    applied: bool
+    note: str = ""
+    staleness: int = 0
+    wait_s: float = 0.0
+
+
+@dataclass
+class _Round:
+    version: int
+    started: float
+    acc: np.ndarray | None = None
+    members: list[Push] = field(default_factory=list)
+
+
+class SyncEngine:
+    def __init__(self, store: ModelStore, recorder: RunRecorder, protocol: ProtocolSpec,
+                 train: TrainSpec, num_workers: int, startup_timeout_s: float = 120.0) -> None:
+        self.store = store
+        self.rec = recorder
+        self.protocol = protocol
+        self.train = train
+        self.num_workers = num_workers
+        self.startup_timeout_s = startup_timeout_s
+        self.cond = threading.Condition()
+        self.registered: dict[int, int] = {}  # worker -> shard size
+        self.active: set[int] = set()
+        self.clocks: dict[int, int] = {}
+        self.last_push: dict[int, float] = {}
+        self.samples_applied = 0
+        self.first_register: float | None = None
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self._round: _Round | None = None
+
+    # ---- membership and lifecycle ---------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+    def register(self, worker: int, shard_size: int) -> None:
+        with self.cond:
+            rejoin = worker in self.registered
+            self.registered[worker] = shard_size
+            self.first_register = self.first_register or time.monotonic()
+            self._activate(worker, "worker_rejoined" if rejoin else "worker_joined")
+            self.cond.notify_all()
+
+    def wait_started(self, timeout: float | None = None) -> bool:
+        """Block until the model is initialized and every worker registered (or startup timed out)."""
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        with self.cond:
+            while self.started_at is None:
+                now = time.monotonic()
+                complete = len(self.registered) >= self.num_workers
+                late = self.first_register is not None and now - self.first_register > self.startup_timeout_s
+                if self.store.initialized and (complete or late):
+                    if not complete:
+                        self.rec.event("started_incomplete", workers=sorted(self.registered))
+                    self.started_at = now
+                    self.rec.t0 = now  # record times count from the start of training
+                    self.rec.event("training_started", workers=sorted(self.registered))
+                    self.cond.notify_all()
+                    break
+                if now >= deadline:
+                    return False
+                self.cond.wait(min(0.5, deadline - now))
+        return True
+
+    def notify(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def _activate(self, worker: int, event: str) -> None:
+        if worker not in self.active:
+            self.active.add(worker)
+            slowest = min((self.clocks[w] for w in self.active if w in self.clocks), default=0)
+            self.clocks[worker] = max(self.clocks.get(worker, 0), slowest)
+            self.rec.event(event, worker=worker, version=self.store.version)
+
+    def _deactivate(self, worker: int, reason: str) -> None:
+        self.active.discard(worker)
+        self.rec.event("deadline_missed", worker=worker, version=self.store.version, reason=reason)
+
+    def elapsed(self) -> float:
+        return 0.0 if self.started_at is None else time.monotonic() - self.started_at
+
+    def progress(self) -> float:
+        t = self.train
+        if t.steps:
+            frac = self.store.version / t.steps
+        elif t.epochs:
+            frac = self.samples_applied / max(1, t.epochs * sum(self.registered.values()))
+        else:
+            frac = self.elapsed() / t.seconds
+        return min(1.0, frac)
+
+    def _check_finished(self) -> None:
+        if not self.done and self.started_at is not None and self.progress() >= 1.0:
+            self.finished_at = time.monotonic()
+            self.rec.event("training_finished", version=self.store.version, samples=self.samples_applied)
+            self.cond.notify_all()
+
+    def tick(self) -> None:
+        """Periodic check for time-based training length."""
+        with self.cond:
+            self._check_finished()
+
+    def work_order(self) -> pb.WorkOrder:
+        p = self.protocol
+        return pb.WorkOrder(protocol=p.name, version=self.store.version, sample_budget=p.batch,
+                            micro_batch=p.effective_micro_batch, stop=self.done)
+
+    # ---- pushes ---------------------------------------------------------------------------
+
+    def push(self, p: Push) -> Outcome:
+        """Apply or aggregate a validated push; blocks as the protocol requires."""
+        with self.cond:
+            self.last_push[p.worker] = p.arrived
+            if self.done:
+                return self._drop(p, "finished")
+            if p.worker not in self.active:
+                self._activate(p.worker, "worker_rejoined")
+            if self.protocol.name == "bsp":
+                return self._push_bsp(p)
+        outcome = self._apply_now(p)
+        if self.protocol.name == "ssp":
+            with self.cond:
+                outcome.wait_s = self._hold_ssp(p.worker)
+        return outcome
+
+    def _drop(self, p: Push, reason: str) -> Outcome:
+        self.rec.count("dropped", reason)
+        self.rec.event("push_dropped", worker=p.worker, base_version=p.base_version,
+                       version=self.store.version, reason=reason)
+        self.store.buffers.put(p.grad)
+        return Outcome(applied=False, note=f"dropped: {reason}", staleness=self.store.version - p.base_version)
+
+    def _apply_now(self, p: Push) -> Outcome:
+        """ASP/SSP: apply on arrival (the engine lock is not held during the apply)."""
+        staleness = self.store.version - p.base_version
+        damp = 1.0 / (1 + staleness) if self.protocol.staleness_lr else 1.0
+        applied = self.store.apply(p.grad, p.samples, damp)
+        self.store.buffers.put(p.grad)
+        with self.cond:
+            self.clocks[p.worker] = self.clocks.get(p.worker, 0) + 1
+            self.samples_applied += p.samples
+            self.rec.count("accepted")
+            self._record_update(applied.version, applied.lr, [p], [staleness], time.monotonic() - p.arrived)
+            self._check_finished()
+            self.cond.notify_all()
+        return Outcome(applied=True, staleness=staleness)
+
+    def _hold_ssp(self, worker: int) -> float:
+        """Hold a worker while it is more than s clocks ahead of the slowest active worker."""
+        t0 = time.monotonic()
+        s = self.protocol.staleness
+        while not self.done and worker in self.active:
+            laggards = [w for w in self.active if self.clocks[worker] - self.clocks[w] > s]
+            if not laggards:
+                break
+            now = time.monotonic()
+            for w in laggards:
+                if now - self.last_push.get(w, t0) > self.protocol.deadline_s:
+                    self._deactivate(w, "ssp_deadline")
+            self.cond.wait(0.25)
+        return time.monotonic() - t0
+
+    def _push_bsp(self, p: Push) -> Outcome:
+        if p.base_version != self.store.version:
+            reason = "backup" if self.protocol.backup_workers else "late"
+            return self._drop(p, reason)
+        r = self._round
+        if r is None or r.version != self.store.version:
+            r = self._round = _Round(version=self.store.version, started=p.arrived)
+        if any(m.worker == p.worker for m in r.members):
+            return self._drop(p, "duplicate")
+        if r.acc is None:
+            r.acc = p.grad  # the first push's buffer becomes the accumulator: no copy
+        else:
+            np.add(r.acc, p.grad, out=r.acc)
+            self.store.buffers.put(p.grad)
+        r.members.append(p)
+        self.rec.count("accepted")
+        if len(r.members) >= self._needed():
+            self._complete(r)
+        while self.store.version == r.version and not self.done:
+            remaining = r.started + self.protocol.deadline_s - time.monotonic()
+            if remaining <= 0:
+                for w in self.active - {m.worker for m in r.members}:
+                    self._deactivate(w, "bsp_deadline")
+                self._complete(r)
+                break
+            self.cond.wait(remaining)
+        return Outcome(applied=True, wait_s=time.monotonic() - p.arrived)
+
+    def _needed(self) -> int:
+        return max(1, len(self.active) - self.protocol.backup_workers)
+
+    def _complete(self, r: _Round) -> None:
+        samples = sum(m.samples for m in r.members)
+        applied = self.store.apply(r.acc, samples)
+        self.store.buffers.put(r.acc)
+        self.samples_applied += samples
+        self._record_update(applied.version, applied.lr, r.members, [0] * len(r.members),
+                            time.monotonic() - r.started)
+        self._round = None
+        self._check_finished()
+        self.cond.notify_all()
+
+    def _record_update(self, version: int, lr: float, members: list[Push], staleness: list[int],
+                       wait_s: float) -> None:
+        b = [m.samples for m in members]
+        self.rec.update(
+            time_s=self.rec.now(), version=version, protocol=self.protocol.name,
+            workers=";".join(str(m.worker) for m in members), samples=sum(b),
+            staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness), lr=lr,
+            train_loss=sum(m.loss_sum for m in members) / sum(b),
+            b_min=min(b), b_mean=sum(b) / len(b), b_max=max(b), wait_s=wait_s,
+        )

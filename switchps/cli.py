@@ -1,0 +1,168 @@
+"""The `switchps` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from switchps.config import ConfigError, RunConfig, load_config
+
+EXIT_CONFIG = 2
+
+
+def _watch_parent() -> None:
+    """Exit when the launcher that started this process dies, so no orphan survives it."""
+    parent = os.environ.get("SWITCHPS_PARENT_PID")
+    if not parent:
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _tf_config(cfg: RunConfig, role: str, index: int | None) -> int | None:
+    """Apply TF_CONFIG's cluster to ``cfg``; returns the task index it names (if any)."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return index
+    try:
+        tf_config = json.loads(raw)
+        cluster, task = tf_config.get("cluster", {}), tf_config.get("task", {})
+    except (json.JSONDecodeError, AttributeError):
+        raise ConfigError("TF_CONFIG: not a JSON object with cluster and task") from None
+    if cluster.get("ps"):
+        cfg.cluster.ps = cluster["ps"][0]
+    if cluster.get("worker"):
+        cfg.cluster.workers = list(cluster["worker"])
+    if task and task.get("type") != role:
+        raise ConfigError(f"TF_CONFIG: task.type is {task.get('type')!r} but this is the {role} command")
+    return index if index is not None else task.get("index")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from switchps.launcher import LaunchError, console, launch, summary_table
+
+    cfg = load_config(args.config, args.set)
+    try:
+        run_dir, summary = launch(cfg, quiet=args.quiet)
+    except LaunchError as e:
+        console.print(f"[red]switchps: {e}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("[yellow]switchps: interrupted; all processes stopped")
+        return 130
+    console.print(summary_table(run_dir, summary))
+    print(run_dir)
+    return 0
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from switchps.ps_server.main import run_ps
+
+    cfg = load_config(args.config, args.set)
+    _tf_config(cfg, "ps", None)
+    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output.dir) / cfg.run_dir_name()
+    summary = run_ps(cfg, run_dir)
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set)
+    index = _tf_config(cfg, "worker", args.index)
+    if index is None:
+        raise ConfigError("worker: give --index or a TF_CONFIG with task.index")
+    if not 0 <= index < cfg.cluster.num_workers:
+        raise ConfigError(f"worker: index {index} outside [0, {cfg.cluster.num_workers})")
+    from switchps.worker.main import run_worker
+
+    steps = run_worker(cfg, index)
+    logging.getLogger("switchps").info("worker %d finished after %d steps", index, steps)
+    return 0
+
+
+def cmd_evaluator(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set)
+    _tf_config(cfg, "evaluator", None)
+    from switchps.worker.main import run_evaluator
+
+    run_evaluator(cfg)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from switchps.plots import plot_run
+
+    for path in plot_run(Path(args.run_dir), Path(args.out) if args.out else None):
+        print(path)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from switchps.plots import compare_runs, results_table
+
+    results = compare_runs([Path(d) for d in args.run_dirs], args.target, Path(args.out))
+    Console().print(results_table(results, args.target))
+    print(args.out)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="switchps", description="Parameter server with switchable synchronization")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(name: str, help: str, optional: bool = False) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help)
+        s.add_argument("config", nargs="?" if optional else None, help="YAML run config")
+        s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field, e.g. --set protocol.name=asp (repeatable)")
+        return s
+
+    r = with_config("run", "run a PS, an evaluator and the workers locally (default: the quickstart)", optional=True)
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+    s = with_config("ps", "run the parameter server role")
+    s.add_argument("--run-dir", help="where to write the run record (default: output.dir/<name>-<time>)")
+    s.set_defaults(func=cmd_ps)
+    w = with_config("worker", "run one worker role")
+    w.add_argument("--index", type=int, help="worker index (or from TF_CONFIG task.index)")
+    w.set_defaults(func=cmd_worker)
+    with_config("evaluator", "run the evaluator role").set_defaults(func=cmd_evaluator)
+    pl = sub.add_parser("plot", help="write PNG plots of a run directory")
+    pl.add_argument("run_dir")
+    pl.add_argument("--out", help="output directory (default RUN_DIR/plots)")
+    pl.set_defaults(func=cmd_plot)
+    c = sub.add_parser("compare", help="overlay several runs and tabulate time to a target accuracy")
+    c.add_argument("run_dirs", nargs="+")
+    c.add_argument("--target", type=float, default=0.9)
+    c.add_argument("--out", default="compare.png")
+    c.set_defaults(func=cmd_compare)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.command in ("ps", "worker", "evaluator"):
+        _watch_parent()
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"switchps: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""A real PS on loopback, driven by NumPy 'workers' that speak the real wire protocol."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from switchps.config import parse_config
+from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.main import build_engine
+from switchps.ps_server.model import make_layout
+from switchps.ps_server.service import ParameterServer, start_server
+from switchps.worker.client import PSClient, Reply
+
+
+@dataclass
+class FakeWorker:
+    """A worker without TF: pushes whatever gradient the test dictates."""
+
+    index: int
+    client: PSClient
+    layout: pb.Layout
+    size: int
+    version: int = 0
+    params: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.params = np.zeros(self.size, np.float32)
+
+    def push(self, grad: np.ndarray, samples: int, base_version: int | None = None) -> Reply:
+        header = pb.PushHeader(worker=self.index, samples=samples, layout_digest=self.layout.digest,
+                               base_version=self.version if base_version is None else base_version)
+        r = self.client.push(header, np.ascontiguousarray(grad, np.float32), self.params)
+        self.version = r.order.version
+        return r
+
+    def push_async(self, grad: np.ndarray, samples: int) -> "Pending":
+        return Pending(self, grad, samples)
+
+
+class Pending(threading.Thread):
+    """A push running in a thread, to observe blocking."""
+
+    def __init__(self, w: FakeWorker, grad: np.ndarray, samples: int) -> None:
+        super().__init__(daemon=True)
+        self.w, self.grad, self.samples = w, grad, samples
+        self.reply: Reply | None = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.reply = self.w.push(self.grad, self.samples)
+        except BaseException as e:  # surfaced by result()
+            self.error = e
+
+    def result(self, timeout: float = 10.0) -> Reply:
+        self.join(timeout)
+        assert not self.is_alive(), "push still blocked"
+        if self.error:
+            raise self.error
+        return self.reply
+
+
+@dataclass
+class LiveCluster:
+    ps: ParameterServer
+    address: str
+    run_dir: Path
+    workers: list[FakeWorker]
+    layout: pb.Layout
+    server: Any
+
+    @property
+    def engine(self):
+        return self.ps.engine
+
+    @property
+    def params(self) -> np.ndarray:
+        return self.ps.store.params
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        self.engine.rec.flush()
+        rows = [json.loads(line) for line in (self.run_dir / "events.jsonl").read_text().splitlines() if line]
+        return [r for r in rows if kind is None or r["event"] == kind]
+
+    def ps_rows(self) -> list[dict]:
+        import csv
+
+        self.engine.rec.flush()
+        with (self.run_dir / "ps.csv").open() as f:
+            return list(csv.DictReader(f))
+
+
+def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: dict | None = None,
+                  train: dict | None = None, optimizer: dict | None = None, chunk_bytes: int | None = None) -> LiveCluster:
+    raw = {
+        "cluster": {"ps": "127.0.0.1:0", "workers": workers, "startup_timeout_s": 5},
+        "optimizer": optimizer or {"name": "sgd", "learning_rate": 1.0},
+        "protocol": {"name": "bsp", **(protocol or {})},
+        "train": train or {"steps": 10_000},
+    }
+    cfg = parse_config(raw)
+    engine = build_engine(cfg, tmp_path)
+    if chunk_bytes:
+        engine.store.chunk_bytes = chunk_bytes
+    ps = ParameterServer(engine, workers)
+    server, port, _ = start_server(ps, "127.0.0.1:0", max_workers=2 * workers + 8)
+    address = f"127.0.0.1:{port}"
+    layout = make_layout([("w", (size,))])
+    fakes = []
+    for i in range(workers):
+        client = PSClient(address, chunk_bytes or 2 * 1024 * 1024, timeout_s=30)
+        reg = client.register(i, layout, shard_size=100)
+        if reg.send_init:
+            client.init(i, layout, np.zeros(size, np.float32))
+        fakes.append(FakeWorker(i, client, layout, size))
+    for w in fakes:
+        w.version = w.client.pull(w.params, worker=w.index, wait_initialized=True).order.version
+    return LiveCluster(ps, address, tmp_path, fakes, layout, server)
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    made: list[LiveCluster] = []
+
+    def make(**kw) -> LiveCluster:
+        c = start_cluster(tmp_path, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        for w in c.workers:
+            w.client.close()
+        c.server.stop(grace=None)

@@ -1,0 +1,110 @@
+"""Client side of the PS protocol: register, init, pull, push, status, eval."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.codec import (
+    DEFAULT_CHUNK_BYTES, INLINE_BYTES, Payload, decode_header, encode, grpc_options, receive_into,
+)
+
+SERVICE = "/switchps.ParameterServer/"
+
+
+@dataclass
+class Reply:
+    """A push or pull reply; ``params`` were written into the caller's buffer when ``fresh``."""
+
+    reply: pb.PushReply
+    fresh: bool
+
+    @property
+    def order(self) -> pb.WorkOrder:
+        return self.reply.order
+
+
+class PSClient:
+    """One channel to the PS. ``params`` is the caller's flat float32 buffer that pulls fill."""
+
+    def __init__(self, address: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = None) -> None:
+        self.address = address
+        self.chunk_bytes = chunk_bytes
+        self.timeout_s = timeout_s
+        self.channel = grpc.insecure_channel(address, options=grpc_options())
+        raw = dict(request_serializer=None, response_deserializer=None)
+        self._register = self.channel.unary_unary(
+            SERVICE + "Register", pb.RegisterRequest.SerializeToString, pb.RegisterReply.FromString)
+        self._status = self.channel.unary_unary(
+            SERVICE + "Status", pb.StatusRequest.SerializeToString, pb.Status.FromString)
+        self._eval = self.channel.unary_unary(SERVICE + "Eval", pb.EvalReport.SerializeToString, pb.Status.FromString)
+        self._init = self.channel.stream_stream(SERVICE + "Init", **raw)
+        self._push = self.channel.stream_stream(SERVICE + "Push", **raw)
+        self._push_small = self.channel.unary_unary(SERVICE + "PushSmall", **raw)
+        self._pull = self.channel.unary_stream(SERVICE + "Pull", **raw)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def register(self, worker: int, layout: pb.Layout, shard_size: int) -> pb.RegisterReply:
+        return self._register(pb.RegisterRequest(worker=worker, layout=layout, shard_size=shard_size),
+                              timeout=self.timeout_s, wait_for_ready=True)
+
+    def status(self) -> pb.Status:
+        return self._status(pb.StatusRequest(), timeout=self.timeout_s)
+
+    def report_eval(self, version: int, test_loss: float, test_accuracy: float, final: bool = False) -> pb.Status:
+        return self._eval(pb.EvalReport(version=version, test_loss=test_loss, test_accuracy=test_accuracy,
+                                        final=final), timeout=self.timeout_s)
+
+    def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
+        header = pb.InitHeader(worker=worker, layout_digest=layout.digest, nbytes=values.nbytes)
+        frames = self._init(iter(encode(header, Payload.of(values, self.chunk_bytes))), timeout=self.timeout_s)
+        reply, _ = decode_header(next(frames), pb.PushReply)
+        return reply.order
+
+    def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
+             wait_initialized: bool = False) -> Reply:
+        request = encode(pb.PullRequest(worker=worker, have_version=have_version,
+                                        wait_initialized=wait_initialized))[0]
+        return self._read_reply(self._pull(request, timeout=self.timeout_s), params)
+
+    def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
+        """Push a summed gradient; the reply's parameters are written into ``params``."""
+        header.nbytes = grad_sum.nbytes
+        frames = encode(header, Payload.of(grad_sum, self.chunk_bytes))
+        if grad_sum.nbytes <= INLINE_BYTES:
+            return self._read_reply(iter([self._push_small(frames[0], timeout=self.timeout_s)]), params)
+        return self._read_reply(self._push(iter(frames), timeout=self.timeout_s), params)
+
+    @staticmethod
+    def _read_reply(frames, params: np.ndarray) -> Reply:
+        reply, first = decode_header(next(frames), pb.PushReply)
+        if reply.nbytes:
+            receive_into(first, frames, params)
+        return Reply(reply, fresh=reply.nbytes > 0)
+
+
+def wait_for_ps(address: str, timeout_s: float) -> None:
+    """Block until the PS answers its health check."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    end = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == 1:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > end:
+                raise TimeoutError(f"no parameter server answered at {address} within {timeout_s:.0f}s")
+            time.sleep(0.2)

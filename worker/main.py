@@ -1,0 +1,142 @@
+"""The worker and evaluator processes.
+
+A worker registers, pulls, then loops: take the sample budget from its
+shard, compute Σ gradients over micro-batches, push them with the sample
+count, and obey the work order in the reply (which also carries the fresh
+parameters). The evaluator pulls the latest model at the configured interval,
+scores it on the held-out set and reports to the PS, off the critical path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from switchps.config import RunConfig
+from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.model import make_layout
+from switchps.worker.client import PSClient, Reply
+from switchps.worker.data import Dataset, load_dataset
+from switchps.worker.gradients import GradientComputer, configure_threads
+from switchps.worker.models import build_model
+
+log = logging.getLogger("switchps.worker")
+
+
+class Sampler:
+    """Draws sample indices from a shard in seeded, reshuffled epochs."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+        self.order = self.rng.permutation(n)
+        self.pos = 0
+
+    def take(self, count: int) -> np.ndarray:
+        out = []
+        while count > 0:
+            if self.pos == self.n:
+                self.order, self.pos = self.rng.permutation(self.n), 0
+            k = min(count, self.n - self.pos)
+            out.append(self.order[self.pos : self.pos + k])
+            self.pos += k
+            count -= k
+        return np.concatenate(out)
+
+
+def _setup(cfg: RunConfig) -> tuple[Dataset, GradientComputer]:
+    configure_threads(cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads)
+    d = cfg.data
+    data = load_dataset(d.name, path=d.path, seed=cfg.seed, test_fraction=d.test_fraction,
+                        num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes)
+    model = build_model(cfg.model.name, data.input_shape, data.num_classes, seed=cfg.seed, **cfg.model.kwargs)
+    return data, GradientComputer(model)
+
+
+def run_worker(cfg: RunConfig, index: int) -> int:
+    """Train until the PS says stop; returns the number of steps taken."""
+    data, gc = _setup(cfg)
+    x, y = data.shard(index, cfg.cluster.num_workers)
+    layout = make_layout(gc.specs())
+    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
+    reg = client.register(index, layout, len(x))
+    if reg.send_init:
+        client.init(index, layout, gc.flat_params())
+    params = np.empty(gc.size, np.float32)
+    reply = client.pull(params, worker=index, wait_initialized=True)
+    gc.assign(params)
+    log.info("worker %d: %d samples, model v%d", index, len(x), reply.order.version)
+    sampler = Sampler(len(x), seed=cfg.seed * 1000 + index)
+    step, send_s, wait_s = 0, 0.0, 0.0
+    order = reply.order
+    while not order.stop:
+        t0 = time.perf_counter()
+        idx = sampler.take(order.sample_budget)
+        grad, loss_sum = gc.compute(x[idx], y[idx], order.micro_batch)
+        stats = pb.StepStats(step=step, compute_s=time.perf_counter() - t0, send_s=send_s, wait_s=wait_s,
+                             loss_sum=loss_sum)
+        header = pb.PushHeader(worker=index, base_version=order.version, samples=len(idx),
+                               layout_digest=layout.digest, stats=stats)
+        t1 = time.perf_counter()
+        reply: Reply = client.push(header, grad, params)
+        send_s, wait_s = time.perf_counter() - t1, reply.reply.wait_s
+        if reply.fresh:
+            gc.assign(params)
+        order = reply.order
+        step += 1
+    client.close()
+    return step
+
+
+def run_evaluator(cfg: RunConfig) -> None:
+    """Score the latest model every ``eval.every_s`` and once more when training ends."""
+    data, gc = _setup(cfg)
+    evaluate = Evaluator(gc, data)
+    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
+    params = np.empty(gc.size, np.float32)
+    reply = client.pull(params, wait_initialized=True)
+    version = reply.order.version
+    gc.assign(params)
+    while True:
+        t0 = time.monotonic()
+        status = client.status()
+        final = status.done
+        reply = client.pull(params, have_version=version)
+        if reply.fresh:
+            gc.assign(params)
+            version = reply.order.version
+        loss, acc = evaluate()
+        client.report_eval(version, loss, acc, final=final)
+        if final:
+            break
+        time.sleep(max(0.0, cfg.eval.every_s - (time.monotonic() - t0)))
+    client.close()
+
+
+class Evaluator:
+    """Test loss and accuracy of the model's current weights on the held-out set."""
+
+    def __init__(self, gc: GradientComputer, data: Dataset, batch: int = 1024) -> None:
+        import tensorflow as tf
+
+        self.x, self.y, self.batch = data.x_test, data.y_test, batch
+        model = gc.model
+
+        @tf.function(reduce_retracing=True)
+        def score(x, y):
+            logits = model(x, training=False)
+            loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=y.dtype), y), tf.float32))
+            return loss, correct
+
+        self._score = score
+
+    def __call__(self) -> tuple[float, float]:
+        loss = correct = 0.0
+        for i in range(0, len(self.x), self.batch):
+            l, c = self._score(self.x[i : i + self.batch], self.y[i : i + self.batch])
+            loss, correct = loss + float(l), correct + float(c)
+        n = len(self.x)
+        return loss / n, correct / n
