@@ -1,0 +1,60 @@
+"""Frame codec round trips around chunk boundaries, and models far beyond gRPC's 4 MiB default."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.codec import INLINE_BYTES, FrameError, Payload, decode_header, encode, receive_into
+
+CHUNK = 4096  # bytes
+
+
+@pytest.mark.parametrize("floats", [0, 1, CHUNK // 4 - 1, CHUNK // 4, CHUNK // 4 + 1, 3 * CHUNK // 4,
+                                    INLINE_BYTES // 4, INLINE_BYTES // 4 + 1, 10 * CHUNK // 4 + 7])
+def test_round_trip_around_chunk_boundaries(floats):
+    values = np.random.default_rng(floats).standard_normal(floats).astype(np.float32)
+    header = pb.PushHeader(worker=3, samples=7, nbytes=values.nbytes)
+    frames = encode(header, Payload.of(values, CHUNK))
+    inline = values.nbytes <= min(CHUNK, INLINE_BYTES)
+    assert len(frames) == (1 if inline else 1 + -(-values.nbytes // CHUNK))
+    assert all(len(f) <= CHUNK + 64 for f in frames[1:])
+    got_header, first = decode_header(frames[0], pb.PushHeader)
+    assert got_header == header
+    out = np.empty(floats, np.float32)
+    receive_into(first, iter(frames[1:]), out)
+    np.testing.assert_array_equal(out, values)
+
+
+def test_receive_rejects_short_and_long_payloads():
+    values = np.ones(100, np.float32)
+    frames = encode(pb.PushHeader(), Payload.of(values, 64))
+    _, first = decode_header(frames[0], pb.PushHeader)
+    with pytest.raises(FrameError, match="expected"):
+        receive_into(first, iter(frames[1:-1]), np.empty(100, np.float32))
+    with pytest.raises(FrameError, match="exceeds"):
+        receive_into(first, iter(frames[1:]), np.empty(99, np.float32))
+
+
+def test_decode_rejects_bad_frame0():
+    with pytest.raises(FrameError):
+        decode_header(b"\x00", pb.PushHeader)
+    with pytest.raises(FrameError):
+        decode_header(b"\xff\x00\x00\x00abc", pb.PushHeader)
+
+
+def test_100mb_push_and_pull(cluster_factory):
+    """25M float32 parameters (100 MB) cross the wire both ways without a 'larger than max' error."""
+    size = 25_000_000
+    c = cluster_factory(workers=1, size=size, protocol={"name": "asp"})
+    w = c.workers[0]
+    grad = np.full(size, 2.0, np.float32)
+    grad[-1] = 4.0
+    r = w.push(grad, 2)
+    assert r.reply.applied and r.fresh and r.order.version == 1
+    assert w.params[0] == -1.0 and w.params[-1] == -2.0 and w.params[size // 2] == -1.0
+    fresh = np.zeros(size, np.float32)
+    pulled = w.client.pull(fresh)
+    assert pulled.fresh and pulled.order.version == 1
+    np.testing.assert_array_equal(fresh, w.params)
