@@ -45,12 +45,13 @@ class RunRecorder:
     def __init__(self, run_dir: Path, flush_every_s: float = 0.5) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.t0 = time.monotonic()
+        self.t0: float | None = None  # training start; times in the record count from it
+        self._created = time.monotonic()
         self._lock = threading.Lock()
         self.ps = _Table(run_dir / "ps.csv", PS_COLUMNS)
         self.workers = _Table(run_dir / "workers.csv", WORKER_COLUMNS)
         self.eval = _Table(run_dir / "eval.csv", EVAL_COLUMNS)
-        self._events: list[str] = []
+        self._events: list[tuple[float, dict[str, Any]]] = []
         (run_dir / "events.jsonl").write_text("")
         self.counts: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
@@ -59,8 +60,14 @@ class RunRecorder:
         self._flusher = threading.Thread(target=self._flush_loop, args=(flush_every_s,), daemon=True)
         self._flusher.start()
 
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+
     def now(self) -> float:
-        return round(time.monotonic() - self.t0, 6)
+        return self._rel(time.monotonic())
+
+    def _rel(self, mono: float) -> float:
+        return round(mono - (self.t0 if self.t0 is not None else self._created), 6)
 
     def update(self, **row: Any) -> None:
         with self._lock:
@@ -78,7 +85,7 @@ class RunRecorder:
 
     def event(self, event: str, **fields: Any) -> None:
         with self._lock:
-            self._events.append(json.dumps({"time_s": self.now(), "event": event, **fields}))
+            self._events.append((time.monotonic(), {"event": event, **fields}))
 
     def count(self, what: str, reason: str | None = None) -> None:
         """Count an accepted, rejected or dropped push (with its reason)."""
@@ -87,11 +94,15 @@ class RunRecorder:
             if reason:
                 self.reasons[f"{what}:{reason}"] += 1
 
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
+        """Write buffered rows; events wait for the training start so their times share its origin."""
         with self._lock:
             for t in (self.ps, self.workers, self.eval):
                 t.flush()
-            events, self._events = self._events, []
+            if self.t0 is None and not final:
+                return
+            events = [json.dumps({"time_s": self._rel(m), **e}) for m, e in self._events]
+            self._events = []
         if events:
             with (self.run_dir / "events.jsonl").open("a") as f:
                 f.write("\n".join(events) + "\n")
@@ -104,7 +115,7 @@ class RunRecorder:
         """Stop the flusher, flush everything and write ``summary.json``."""
         self._stop.set()
         self._flusher.join()
-        self.flush()
+        self.flush(final=True)
         accs = [e[3] for e in self.evals]
         full = {
             "final_test_accuracy": accs[-1] if accs else None,

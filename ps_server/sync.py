@@ -102,7 +102,7 @@ class SyncEngine:
                     if not complete:
                         self.rec.event("started_incomplete", workers=sorted(self.registered))
                     self.started_at = now
-                    self.rec.t0 = now  # record times count from the start of training
+                    self.rec.start(now)
                     self.rec.event("training_started", workers=sorted(self.registered))
                     self.cond.notify_all()
                     break

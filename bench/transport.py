@@ -1,0 +1,149 @@
+"""Push+pull throughput: switchps's own client and PS against raw grpcio byte streaming.
+
+For each parameter-set size, one round trip sends the payload up and gets a
+payload of the same size back:
+- raw: a grpcio stream-stream call of pre-built bytes chunks, answered with
+  pre-built chunks (no protobuf, no copies, no work): the ceiling.
+- switchps: a real ASP push (validation, ΣG/Σb apply with SGD, new snapshot)
+  whose reply carries the fresh parameters, through ``PSClient``.
+Each server runs in its own process, as in a deployment. Prints JSON.
+
+    python bench/transport.py [--sizes-mb 1 16 100] [--reps 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options
+from switchps.ps_server.model import make_layout
+from switchps.worker.client import PSClient, wait_for_ps
+
+
+def serve_raw(port: int, chunk_bytes: int) -> None:
+    cache: dict[int, list[bytes]] = {}
+
+    def echo(frames, ctx):
+        n = sum(len(f) for f in frames)
+        if n not in cache:
+            cache[n] = [bytes(min(chunk_bytes, n - i)) for i in range(0, n, chunk_bytes)]
+        yield from cache[n]
+
+    server = grpc.server(futures.ThreadPoolExecutor(4), options=grpc_options())
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "raw.Echo", {"Echo": grpc.stream_stream_rpc_method_handler(echo)})])
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
+def serve_ps(port: int) -> None:
+    from switchps.config import parse_config
+    from switchps.ps_server.main import build_engine
+    from switchps.ps_server.service import ParameterServer, start_server
+    import tempfile
+    from pathlib import Path
+
+    cfg = parse_config({"cluster": {"workers": 1}, "protocol": {"name": "asp"},
+                        "optimizer": {"name": "sgd", "learning_rate": 1e-6}, "train": {"steps": 10**9}})
+    engine = build_engine(cfg, Path(tempfile.mkdtemp(prefix="switchps-bench-")))
+    server, _, _ = start_server(ParameterServer(engine, 1), f"127.0.0.1:{port}", max_workers=8)
+    server.wait_for_termination()
+
+
+def _spawn(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, *args])
+
+
+def _timed(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):  # lets HTTP/2 flow-control windows grow on both paths alike
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_raw(port: int, nbytes: int, chunk_bytes: int, reps: int) -> float:
+    chunks = [bytes(min(chunk_bytes, nbytes - i)) for i in range(0, nbytes, chunk_bytes)]
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options()) as ch:
+        call = ch.stream_stream("/raw.Echo/Echo", request_serializer=None, response_deserializer=None)
+        grpc.channel_ready_future(ch).result(timeout=30)
+        return _timed(lambda: sum(len(f) for f in call(iter(chunks))), reps)
+
+
+def bench_switchps(port: int, nbytes: int, worker: int, reps: int) -> tuple[float, float]:
+    """Median seconds per push+pull, and payload bytes copied per byte moved."""
+    size = nbytes // 4
+    client = PSClient(f"127.0.0.1:{port}")
+    layout = make_layout([(f"w{size}", (size,))])
+    reg = client.register(worker, layout, shard_size=1)
+    if reg.send_init:
+        client.init(worker, layout, np.zeros(size, np.float32))
+    params = np.empty(size, np.float32)
+    version = client.pull(params, worker=worker, wait_initialized=True).order.version
+    grad = np.ones(size, np.float32)
+
+    def push() -> None:
+        nonlocal version
+        header = pb.PushHeader(worker=worker, base_version=version, samples=1, layout_digest=layout.digest)
+        version = client.push(header, grad, params).order.version
+
+    before = COPIES.bytes_copied
+    seconds = _timed(push, reps)
+    copies = (COPIES.bytes_copied - before) / ((reps + 3) * 2 * nbytes)
+    client.close()
+    return seconds, copies
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 16, 100])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / 2**20)
+    ap.add_argument("--serve", choices=["raw", "ps"], help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    chunk = int(args.chunk_mb * 2**20)
+    if args.serve == "raw":
+        return serve_raw(args.port, chunk)
+    if args.serve == "ps":
+        return serve_ps(args.port)
+
+    from switchps.launcher import free_port
+
+    results = []
+    for mb in args.sizes_mb:
+        nbytes = int(mb * 2**20) // 4 * 4
+        raw_port, ps_port = free_port(), free_port()
+        procs = [_spawn("--serve", "raw", "--port", str(raw_port), "--chunk-mb", str(args.chunk_mb)),
+                 _spawn("--serve", "ps", "--port", str(ps_port))]
+        try:
+            wait_for_ps(f"127.0.0.1:{ps_port}", 60)
+            raw_s = bench_raw(raw_port, nbytes, chunk, args.reps)
+            ours_s, copies = bench_switchps(ps_port, nbytes, 0, args.reps)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        gbps = lambda s: round(2 * nbytes / s / 1e9, 3)  # noqa: E731 - up + down per round trip
+        results.append({"size_mb": mb, "raw_grpc_gb_s": gbps(raw_s), "switchps_gb_s": gbps(ours_s),
+                        "ratio": round(raw_s / ours_s, 3), "raw_ms": round(raw_s * 1e3, 2),
+                        "switchps_ms": round(ours_s * 1e3, 2), "client_copies_per_byte": round(copies, 3)})
+    print(json.dumps({"benchmark": "transport", "chunk_mb": args.chunk_mb, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
