@@ -4,6 +4,8 @@ For each parameter-set size, one round trip sends the payload up and gets a
 payload of the same size back:
 - raw: a grpcio stream-stream call of pre-built bytes chunks, answered with
   pre-built chunks (no protobuf, no copies, no work): the ceiling.
+  Measured twice, with glibc's default allocator and with the tuning switchps
+  applies (``tune_allocator``); the faster is the baseline.
 - switchps: a real ASP push (validation, ΣG/Σb apply with SGD, new snapshot)
   whose reply carries the fresh parameters, through ``PSClient``.
 Each server runs in its own process, as in a deployment. Prints JSON.
@@ -25,12 +27,14 @@ import grpc
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator
 from switchps.ps_server.model import make_layout
 from switchps.worker.client import PSClient, wait_for_ps
 
 
-def serve_raw(port: int, chunk_bytes: int) -> None:
+def serve_raw(port: int, chunk_bytes: int, tuned: bool) -> None:
+    if tuned:
+        tune_allocator()
     cache: dict[int, list[bytes]] = {}
 
     def echo(frames, ctx):
@@ -76,7 +80,17 @@ def _timed(fn, reps: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def bench_raw(port: int, nbytes: int, chunk_bytes: int, reps: int) -> float:
+def bench_raw(port: int, nbytes: int, chunk_bytes: int, reps: int, tuned: bool) -> float:
+    """Raw grpcio from a fresh client process, so allocator settings are exactly as asked."""
+    out = subprocess.run([sys.executable, __file__, "--client-raw", "--port", str(port), "--bytes", str(nbytes),
+                          "--chunk-mb", str(chunk_bytes / 2**20), "--reps", str(reps)] + (["--tuned"] if tuned else []),
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def raw_client(port: int, nbytes: int, chunk_bytes: int, reps: int, tuned: bool) -> float:
+    if tuned:
+        tune_allocator()
     chunks = [bytes(min(chunk_bytes, nbytes - i)) for i in range(0, nbytes, chunk_bytes)]
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options()) as ch:
         call = ch.stream_stream("/raw.Echo/Echo", request_serializer=None, response_deserializer=None)
@@ -113,12 +127,17 @@ def main() -> None:
     ap.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 16, 100])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / 2**20)
-    ap.add_argument("--serve", choices=["raw", "ps"], help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=["raw", "raw-tuned", "ps"], help=argparse.SUPPRESS)
+    ap.add_argument("--client-raw", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tuned", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     chunk = int(args.chunk_mb * 2**20)
-    if args.serve == "raw":
-        return serve_raw(args.port, chunk)
+    if args.client_raw:
+        return print(raw_client(args.port, args.bytes, chunk, args.reps, args.tuned))
+    if args.serve in ("raw", "raw-tuned"):
+        return serve_raw(args.port, chunk, tuned=args.serve == "raw-tuned")
     if args.serve == "ps":
         return serve_ps(args.port)
 
@@ -127,21 +146,25 @@ def main() -> None:
     results = []
     for mb in args.sizes_mb:
         nbytes = int(mb * 2**20) // 4 * 4
-        raw_port, ps_port = free_port(), free_port()
+        raw_port, tuned_port, ps_port = free_port(), free_port(), free_port()
         procs = [_spawn("--serve", "raw", "--port", str(raw_port), "--chunk-mb", str(args.chunk_mb)),
+                 _spawn("--serve", "raw-tuned", "--port", str(tuned_port), "--chunk-mb", str(args.chunk_mb)),
                  _spawn("--serve", "ps", "--port", str(ps_port))]
         try:
             wait_for_ps(f"127.0.0.1:{ps_port}", 60)
-            raw_s = bench_raw(raw_port, nbytes, chunk, args.reps)
+            raw_default_s = bench_raw(raw_port, nbytes, chunk, args.reps, tuned=False)
+            raw_tuned_s = bench_raw(tuned_port, nbytes, chunk, args.reps, tuned=True)
             ours_s, copies = bench_switchps(ps_port, nbytes, 0, args.reps)
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
         gbps = lambda s: round(2 * nbytes / s / 1e9, 3)  # noqa: E731 - up + down per round trip
+        raw_s = min(raw_default_s, raw_tuned_s)
         results.append({"size_mb": mb, "raw_grpc_gb_s": gbps(raw_s), "switchps_gb_s": gbps(ours_s),
-                        "ratio": round(raw_s / ours_s, 3), "raw_ms": round(raw_s * 1e3, 2),
-                        "switchps_ms": round(ours_s * 1e3, 2), "client_copies_per_byte": round(copies, 3)})
+                        "ratio": round(raw_s / ours_s, 3), "raw_default_alloc_ms": round(raw_default_s * 1e3, 2),
+                        "raw_tuned_alloc_ms": round(raw_tuned_s * 1e3, 2), "switchps_ms": round(ours_s * 1e3, 2),
+                        "client_copies_per_byte": round(copies, 3)})
     print(json.dumps({"benchmark": "transport", "chunk_mb": args.chunk_mb, "results": results}, indent=2))
 
 

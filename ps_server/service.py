@@ -19,7 +19,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Gauge
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import FrameError, Payload, decode_header, encode, grpc_options, receive_into
+from switchps.protos.codec import (
+    FrameError, Payload, decode_header, encode, grpc_options, receive_into, tune_allocator,
+)
 from switchps.ps_server.model import is_finite, layout_size
 from switchps.ps_server.sync import Push, SyncEngine
 
@@ -216,6 +218,7 @@ class ParameterServer:
 
 def start_server(ps: ParameterServer, address: str, max_workers: int) -> tuple[grpc.Server, int, health.HealthServicer]:
     """Start serving on ``address``; returns the server, the bound port and the health servicer."""
+    tune_allocator()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=grpc_options())
     server.add_generic_rpc_handlers([ps.handler()])
     health_servicer = health.HealthServicer()

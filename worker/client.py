@@ -11,6 +11,7 @@ import numpy as np
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
     DEFAULT_CHUNK_BYTES, INLINE_BYTES, Payload, decode_header, encode, grpc_options, receive_into,
+    tune_allocator,
 )
 
 SERVICE = "/switchps.ParameterServer/"
@@ -32,6 +33,7 @@ class PSClient:
     """One channel to the PS. ``params`` is the caller's flat float32 buffer that pulls fill."""
 
     def __init__(self, address: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = None) -> None:
+        tune_allocator()
         self.address = address
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s

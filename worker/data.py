@@ -1,0 +1,218 @@
+"""Datasets, loaded from local files only (never downloaded).
+
+``digits`` ships with scikit-learn and ``synthetic`` is generated, so both
+always work offline. The image datasets are read from the files Keras keeps
+in its cache (``$KERAS_HOME/datasets``, default ``~/.keras/datasets``) or
+from ``path``; a missing file raises ``DataNotFoundError`` naming it.
+Features come back float32 (pixels scaled to [0, 1]), labels int32.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DATASETS: tuple[str, ...] = ("digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "npz")
+
+_FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                  "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+# name -> (cache dirs of the pre-Keras-3 and Keras 3 downloaders, train files, test files, label key, classes)
+_CIFAR = {
+    "cifar10": (("cifar-10-batches-py", "cifar-10-batches-py-target/cifar-10-batches-py"),
+                [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels", 10),
+    "cifar100": (("cifar-100-python", "cifar-100-python-target/cifar-100-python"),
+                 ["train"], ["test"], b"fine_labels", 100),
+}
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset file is not where it should be; the message says where to put it."""
+
+
+@dataclass
+class Dataset:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    def shard(self, index: int, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
+        """Worker ``index``'s disjoint, strided share of the training set."""
+        if num_shards < 1 or not 0 <= index < num_shards:
+            raise ValueError(f"need 0 <= index < num_shards, got index={index}, num_shards={num_shards}")
+        if num_shards > len(self.x_train):
+            raise ValueError(f"{num_shards} shards but only {len(self.x_train)} training samples")
+        return self.x_train[index::num_shards], self.y_train[index::num_shards]
+
+
+def cache_dir() -> Path:
+    """Keras' dataset cache: ``$KERAS_HOME/datasets`` or ``~/.keras/datasets``."""
+    return Path(os.environ.get("KERAS_HOME", "~/.keras")).expanduser() / "datasets"
+
+
+def load_dataset(name: str, *, path: str | None = None, seed: int = 0, test_fraction: float = 0.2,
+                 num_samples: int = 10000, num_features: int = 20, num_classes: int = 10) -> Dataset:
+    """Load dataset ``name`` (one of ``DATASETS``).
+
+    ``path`` overrides the file (mnist, npz) or directory (fashion_mnist,
+    cifar10, cifar100). ``seed`` and ``test_fraction`` drive the splits of
+    digits, synthetic and npz files without a test set; ``num_*`` shape the
+    synthetic data.
+    """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if name == "digits":
+        return _digits(seed, test_fraction)
+    if name == "synthetic":
+        return _synthetic(seed, test_fraction, num_samples, num_features, num_classes)
+    if name == "mnist":
+        return _mnist(Path(path) if path else cache_dir() / "mnist.npz")
+    if name == "fashion_mnist":
+        return _fashion_mnist(Path(path) if path else cache_dir() / "fashion-mnist")
+    if name in _CIFAR:
+        return _cifar(name, path)
+    if name == "npz":
+        if not path:
+            raise ValueError("npz: data.path is required")
+        return _npz(Path(path), seed, test_fraction)
+    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+
+
+def _split(x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float, num_classes: int) -> Dataset:
+    """Seeded shuffled split, stratified whenever the class counts allow it."""
+    from sklearn.model_selection import train_test_split
+
+    counts = np.unique(y, return_counts=True)[1]
+    n_test = math.ceil(test_fraction * len(y))
+    stratify = y if counts.min() >= 2 and len(counts) <= min(n_test, len(y) - n_test) else None
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=stratify)
+    return Dataset(x_tr, y_tr, x_te, y_te, num_classes)
+
+
+def _digits(seed: int, test_fraction: float) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return _split((d.data / 16).astype(np.float32), d.target.astype(np.int32), seed, test_fraction, 10)
+
+
+def _synthetic(seed: int, test_fraction: float, num_samples: int, num_features: int, num_classes: int) -> Dataset:
+    from sklearn.datasets import make_classification
+    from sklearn.preprocessing import StandardScaler
+
+    informative = min(num_features, 10)
+    if num_classes > 2**informative:
+        raise ValueError(f"synthetic: {num_classes} classes need more than {num_features} features")
+    x, y = make_classification(
+        n_samples=num_samples, n_features=num_features, n_informative=informative,
+        n_redundant=min(2, num_features - informative), n_repeated=0, n_classes=num_classes,
+        n_clusters_per_class=2 if 2 * num_classes <= 2**informative else 1, random_state=seed)
+    d = _split(x, y.astype(np.int32), seed, test_fraction, num_classes)
+    scaler = StandardScaler().fit(d.x_train)
+    d.x_train, d.x_test = (scaler.transform(a).astype(np.float32) for a in (d.x_train, d.x_test))
+    return d
+
+
+def _missing(name: str, file: Path, hint: str | None = None) -> DataNotFoundError:
+    hint = hint or f"download it once with keras.datasets.{name}.load_data() on a machine with internet"
+    return DataNotFoundError(f"{name}: {file} not found; {hint}, or pass data.path")
+
+
+def _pixels(x: np.ndarray) -> np.ndarray:
+    """uint8 pixels to float32 in [0, 1]; anything else just to float32."""
+    out = x.astype(np.float32)
+    if x.dtype == np.uint8:
+        out /= 255
+    return out
+
+
+def _images(x_train: np.ndarray, y_train, x_test: np.ndarray, y_test, num_classes: int) -> Dataset:
+    """Add a channel axis to (N, H, W) images, normalize, flatten labels to int32."""
+    if x_train.ndim == 3:
+        x_train, x_test = x_train[..., None], x_test[..., None]
+    return Dataset(_pixels(x_train), np.asarray(y_train, np.int32).reshape(-1),
+                   _pixels(x_test), np.asarray(y_test, np.int32).reshape(-1), num_classes)
+
+
+def _mnist(file: Path) -> Dataset:
+    if not file.is_file():
+        raise _missing("mnist", file)
+    with np.load(file) as f:
+        return _images(f["x_train"], f["y_train"], f["x_test"], f["y_test"], 10)
+
+
+def _read_idx(file: Path) -> np.ndarray:
+    """An unsigned-byte IDX array (the MNIST file format), gzipped."""
+    with gzip.open(file, "rb") as f:
+        raw = f.read()
+    if raw[:3] != b"\x00\x00\x08":
+        raise ValueError(f"{file}: not an unsigned-byte IDX file")
+    ndim = raw[3]
+    shape = tuple(int(d) for d in np.frombuffer(raw, ">u4", count=ndim, offset=4))
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def _fashion_mnist(directory: Path) -> Dataset:
+    for fname in _FASHION_FILES:
+        if not (directory / fname).is_file():
+            raise _missing("fashion_mnist", directory / fname,
+                           f"put the 4 files {', '.join(_FASHION_FILES)} in {directory} "
+                           "(keras.datasets.fashion_mnist.load_data() on a machine with internet downloads them)")
+    x_train, y_train, x_test, y_test = (_read_idx(directory / f) for f in _FASHION_FILES)
+    return _images(x_train, y_train, x_test, y_test, 10)
+
+
+def _cifar(name: str, path: str | None) -> Dataset:
+    """CIFAR python pickles: (N, 3072) uint8 rows in CHW order."""
+    dirs, train_files, test_files, label_key, classes = _CIFAR[name]
+    candidates = [Path(path)] if path else [cache_dir() / d for d in dirs]
+    directory = next((d for d in candidates if d.is_dir()), candidates[0])
+
+    def load(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = [], []
+        for fname in names:
+            if not (directory / fname).is_file():
+                raise _missing(name, directory / fname)
+            with open(directory / fname, "rb") as f:
+                batch = pickle.load(f, encoding="bytes")
+            xs.append(np.asarray(batch[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+            ys.append(np.asarray(batch[label_key]))
+        return np.concatenate(xs), np.concatenate(ys)
+
+    return _images(*load(train_files), *load(test_files), classes)
+
+
+def _npz(file: Path, seed: int, test_fraction: float) -> Dataset:
+    """An .npz with x_train, y_train and optionally x_test, y_test (else split off).
+
+    (N, H, W) arrays get a channel axis; uint8 ones are scaled to [0, 1].
+    """
+    if not file.is_file():
+        raise DataNotFoundError(f"npz: {file} not found; check data.path")
+    with np.load(file) as f:
+        arrays = {k: f[k] for k in f.files}
+    missing = [k for k in ("x_train", "y_train") if k not in arrays]
+    if ("x_test" in arrays) != ("y_test" in arrays):
+        missing.append("y_test" if "x_test" in arrays else "x_test")
+    if missing:
+        raise ValueError(f"npz: {file} lacks {', '.join(missing)} (has {', '.join(arrays) or 'nothing'})")
+    y_train = arrays["y_train"].astype(np.int32).reshape(-1)
+    y_test = arrays["y_test"].astype(np.int32).reshape(-1) if "y_test" in arrays else None
+    for x, y, split in ((arrays["x_train"], y_train, "train"), (arrays.get("x_test"), y_test, "test")):
+        if y is not None and len(x) != len(y):
+            raise ValueError(f"npz: {file} has {len(x)} x_{split} but {len(y)} y_{split}")
+    if y_test is None:
+        d = _split(arrays["x_train"], y_train, seed, test_fraction, int(y_train.max()) + 1)
+        return _images(d.x_train, d.y_train, d.x_test, d.y_test, d.num_classes)
+    return _images(arrays["x_train"], y_train, arrays["x_test"], y_test, int(max(y_train.max(), y_test.max())) + 1)
