@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, TypeVar
@@ -71,14 +72,34 @@ class Payload:
         return cls([] if flat is None else chunk_array(flat, chunk_bytes))
 
 
-def encode(header: Message, payload: Payload | None = None) -> list[bytes]:
-    """Frames for ``header`` followed by ``payload``; a small payload is inlined in frame 0."""
+def _frame0(header: Message) -> bytes:
     head = header.SerializeToString()
-    frame0 = _LEN.pack(len(head)) + head
+    return _LEN.pack(len(head)) + head
+
+
+def encode(header: Message, payload: Payload | None = None) -> list[bytes]:
+    """Frames for ``header`` followed by pre-cut ``payload``; a small payload is inlined in frame 0."""
     chunks = payload.chunks if payload else []
     if len(chunks) == 1 and len(chunks[0]) <= INLINE_BYTES:
-        return [frame0 + chunks[0]]
-    return [frame0, *chunks]
+        return [_frame0(header) + chunks[0]]
+    return [_frame0(header), *chunks]
+
+
+def encode_array(header: Message, flat: np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+    """Frames for ``header`` and ``flat``, each chunk cut only when gRPC asks for it.
+
+    Cutting lazily overlaps the one unavoidable copy (array -> bytes) with sending.
+    """
+    raw = flat.view(np.uint8)
+    if raw.size <= INLINE_BYTES:
+        COPIES.add(raw.size)
+        yield _frame0(header) + raw.tobytes()
+        return
+    yield _frame0(header)
+    for i in range(0, raw.size, chunk_bytes):
+        chunk = raw[i : i + chunk_bytes].tobytes()
+        COPIES.add(len(chunk))
+        yield chunk
 
 
 def decode_header(frame0: bytes, header_type: type[M]) -> tuple[M, memoryview]:
@@ -96,19 +117,29 @@ def decode_header(frame0: bytes, header_type: type[M]) -> tuple[M, memoryview]:
     return header, memoryview(frame0)[_LEN.size + n :]
 
 
-def receive_into(first: memoryview, rest: Iterable[bytes], out: np.ndarray) -> None:
-    """Copy the payload (``first`` then the ``rest`` frames) into ``out``, exactly filling it."""
+def receive_into(first: memoryview, rest: Iterable[bytes], out: np.ndarray, check_finite: bool = False) -> bool:
+    """Copy the payload (``first`` then the ``rest`` frames) into float32 ``out``, exactly filling it.
+
+    With ``check_finite``, returns whether every value is finite, checked frame by
+    frame while the next frame is still in flight (a float64 sum of finite float32
+    values cannot overflow, and NaN or inf propagates); otherwise returns True.
+    """
     dest = out.view(np.uint8)
-    pos = 0
+    pos = checked = 0
+    total = 0.0
     for frame in _frames(first, rest):
         n = len(frame)
         if pos + n > dest.size:
             raise FrameError(f"payload exceeds the expected {dest.size} bytes")
         dest[pos : pos + n] = np.frombuffer(frame, np.uint8)
         pos += n
+        if check_finite:
+            total += float(np.sum(out[checked : pos // 4], dtype=np.float64))
+            checked = pos // 4
     COPIES.add(pos)
     if pos != dest.size:
         raise FrameError(f"payload has {pos} bytes, expected {dest.size}")
+    return math.isfinite(total)
 
 
 def _frames(first: memoryview, rest: Iterable[bytes]) -> Iterator[memoryview | bytes]:

@@ -37,14 +37,6 @@ def layout_size(layout: pb.Layout) -> int:
     return sum(math.prod(v.shape) for v in layout.variables)
 
 
-def is_finite(x: np.ndarray) -> bool:
-    """True when every element is finite, in one pass and without a full-size temporary.
-
-    A float64 sum of finite float32 values cannot overflow, and any NaN or inf propagates.
-    """
-    return math.isfinite(float(np.sum(x, dtype=np.float64)))
-
-
 class BufferPool:
     """Reuses large gradient buffers so pushes don't page-fault fresh memory each time."""
 
@@ -102,9 +94,8 @@ class ModelStore:
 
     def apply(self, grad_sum: np.ndarray, samples: int, lr_factor: float = 1.0) -> Applied:
         """Apply the mean gradient ``grad_sum / samples``; ``grad_sum`` is consumed."""
-        grad_sum *= np.float32(1.0 / samples)
         with self.lock:
-            lr = self.optimizer.apply(self.params, grad_sum, lr_factor)
+            lr = self.optimizer.apply(self.params, grad_sum, lr_factor, grad_scale=1.0 / samples)
             self.version += 1
             return Applied(self.version, lr)
 

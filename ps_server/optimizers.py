@@ -262,7 +262,7 @@ class Optimizer:
         """``schedule(iterations) * lr_scale``."""
         return float(self.schedule(self.iterations)) * self.lr_scale
 
-    def apply(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0) -> float:
+    def apply(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0, grad_scale: float = 1.0) -> float:
         """Apply one update in place to ``params`` and return the effective learning rate.
 
         ``params`` must be a C-contiguous 1-D float32 array of ``size`` elements.
@@ -270,6 +270,8 @@ class Optimizer:
         scratch space; a non-float32 or non-contiguous ``grad`` is copied first.
         The effective rate is ``learning_rate() * lr_factor`` (``lr_factor``
         e.g. ``1 / (1 + staleness)``); ``iterations`` is incremented afterwards.
+        ``grad_scale`` multiplies the gradient block by block first, so a summed
+        gradient becomes a mean without a separate pass over memory.
         """
         if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
             raise ValueError(
@@ -285,6 +287,8 @@ class Optimizer:
         for start in range(0, self.size, self._block):
             block = slice(start, min(start + self._block, self.size))
             n = block.stop - start
+            if grad_scale != 1.0:
+                np.multiply(grad[block], _f32(grad_scale), out=grad[block])
             self._update(params[block], grad[block], self._scratch[:n], step_size, block)
         self.iterations += 1
         return lr

@@ -22,7 +22,7 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
     FrameError, Payload, decode_header, encode, grpc_options, receive_into, tune_allocator,
 )
-from switchps.ps_server.model import is_finite, layout_size
+from switchps.ps_server.model import layout_size
 from switchps.ps_server.sync import Push, SyncEngine
 
 SERVICE = "switchps.ParameterServer"
@@ -99,8 +99,7 @@ class ParameterServer:
             if header.layout_digest != layout.digest:
                 raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "layout", "init layout differs")
             values = np.empty(layout_size(layout), np.float32)
-            receive_into(first, frames, values)
-            if not is_finite(values):
+            if not receive_into(first, frames, values, check_finite=True):
                 raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "non_finite", "initial values are not finite")
         except FrameError as e:
             self._reject(ctx, Rejected(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(e)), kind="init")
@@ -182,8 +181,7 @@ class ParameterServer:
                            f"base version {h.base_version} is not in [0, {store.version}]")
         grad = store.buffers.get()
         try:
-            receive_into(first, frames, grad)
-            if not is_finite(grad):
+            if not receive_into(first, frames, grad, check_finite=True):
                 raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "non_finite", "gradient has NaN or inf values")
         except (FrameError, Rejected) as e:
             store.buffers.put(grad)

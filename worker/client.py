@@ -10,7 +10,7 @@ import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
-    DEFAULT_CHUNK_BYTES, INLINE_BYTES, Payload, decode_header, encode, grpc_options, receive_into,
+    DEFAULT_CHUNK_BYTES, INLINE_BYTES, decode_header, encode, encode_array, grpc_options, receive_into,
     tune_allocator,
 )
 
@@ -68,7 +68,7 @@ class PSClient:
 
     def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
         header = pb.InitHeader(worker=worker, layout_digest=layout.digest, nbytes=values.nbytes)
-        frames = self._init(iter(encode(header, Payload.of(values, self.chunk_bytes))), timeout=self.timeout_s)
+        frames = self._init(encode_array(header, values, self.chunk_bytes), timeout=self.timeout_s)
         reply, _ = decode_header(next(frames), pb.PushReply)
         return reply.order
 
@@ -81,10 +81,10 @@ class PSClient:
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """Push a summed gradient; the reply's parameters are written into ``params``."""
         header.nbytes = grad_sum.nbytes
-        frames = encode(header, Payload.of(grad_sum, self.chunk_bytes))
+        frames = encode_array(header, grad_sum, self.chunk_bytes)
         if grad_sum.nbytes <= INLINE_BYTES:
-            return self._read_reply(iter([self._push_small(frames[0], timeout=self.timeout_s)]), params)
-        return self._read_reply(self._push(iter(frames), timeout=self.timeout_s), params)
+            return self._read_reply(iter([self._push_small(next(frames), timeout=self.timeout_s)]), params)
+        return self._read_reply(self._push(frames, timeout=self.timeout_s), params)
 
     @staticmethod
     def _read_reply(frames, params: np.ndarray) -> Reply:

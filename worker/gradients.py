@@ -62,8 +62,18 @@ class GradientComputer:
         flat, loss = self._drain()
         return flat.numpy(), float(loss)
 
+    @tf.function(reduce_retracing=True)
+    def _whole(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        with tf.GradientTape() as tape:
+            loss = self._loss(y, self.model(x, training=True))
+        grads = tape.gradient(loss, self.variables)
+        return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0), loss
+
     def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
         """Σ gradient and summed loss over all of ``x``, one micro-batch at a time."""
+        if len(x) <= micro_batch:  # one micro-batch: no accumulators, one call
+            flat, loss = self._whole(x, y)
+            return flat.numpy(), float(loss)
         for i in range(0, len(x), micro_batch):
             self._accumulate(x[i : i + micro_batch], y[i : i + micro_batch])
         return self.finish()
