@@ -58,3 +58,30 @@ def test_100mb_push_and_pull(cluster_factory):
     pulled = w.client.pull(fresh)
     assert pulled.fresh and pulled.order.version == 1
     np.testing.assert_array_equal(fresh, w.params)
+
+
+def test_all_finite_is_exact_even_when_the_fast_sum_overflows():
+    from switchps.protos.codec import all_finite
+
+    huge = np.full(1000, 3e38, np.float32)  # finite values whose float32 sum overflows
+    assert all_finite(huge)
+    for bad in (np.nan, np.inf, -np.inf):
+        x = huge.copy()
+        x[500] = bad
+        assert not all_finite(x)
+    x = np.ones(10, np.float32)
+    x[[1, 2]] = [np.inf, -np.inf]  # inf + -inf = nan: still caught
+    assert not all_finite(x)
+
+
+def test_receive_checks_finiteness_frame_by_frame():
+    values = np.ones(3000, np.float32)
+    values[2999] = np.nan  # in the last frame
+    frames = encode(pb.PushHeader(), Payload.of(values, 4096))
+    _, first = decode_header(frames[0], pb.PushHeader)
+    out = np.empty(3000, np.float32)
+    assert receive_into(first, iter(frames[1:]), out, check_finite=True) is False
+    values[2999] = 1.0
+    frames = encode(pb.PushHeader(), Payload.of(values, 4096))
+    _, first = decode_header(frames[0], pb.PushHeader)
+    assert receive_into(first, iter(frames[1:]), out, check_finite=True) is True
