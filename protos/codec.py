@@ -1,10 +1,10 @@
 """Frame codec for tensor RPCs: a protobuf header plus raw float32 bytes.
 
-Frame 0 is ``u32 little-endian header length || header || first payload
-bytes``; every later frame is raw payload. A payload no larger than
-``INLINE_BYTES`` rides inside frame 0, so a small push or pull is one unary
-message. Larger payloads are cut into ``chunk_bytes`` frames and streamed,
-which keeps each message under gRPC's limits however large the model is.
+Frame 0 is ``u32 little-endian header length || header || inline payload``;
+every later frame is raw payload. A payload no larger than ``INLINE_BYTES``
+rides inside frame 0, so a small push or pull is one unary message. Larger
+payloads follow as ``chunk_bytes`` frames, which keeps each message under
+gRPC's limits however large the model is.
 
 Decoding never builds an intermediate copy of the payload: frames are viewed
 with ``np.frombuffer`` and copied once, straight into their destination.
@@ -17,7 +17,7 @@ import ctypes.util
 import functools
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Iterator, TypeVar
 
 import numpy as np
@@ -49,27 +49,17 @@ class CopyCounter:
 COPIES = CopyCounter()
 
 
-def chunk_array(flat: np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[bytes]:
-    """Cut a 1-D float32 array into bytes chunks (one copy, unavoidable: gRPC sends bytes)."""
+def array_chunks(flat: np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+    """Cut a 1-D float32 array into bytes chunks lazily, as the sender asks for them.
+
+    One copy per byte, unavoidable because gRPC sends ``bytes``; cutting lazily
+    overlaps it with sending.
+    """
     raw = flat.view(np.uint8)
-    chunks = [raw[i : i + chunk_bytes].tobytes() for i in range(0, raw.size, chunk_bytes)]
-    COPIES.add(raw.size)
-    return chunks
-
-
-@dataclass
-class Payload:
-    """Raw bytes as pre-cut chunks; ``nbytes`` is their total length."""
-
-    chunks: list[bytes] = field(default_factory=list)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(c) for c in self.chunks)
-
-    @classmethod
-    def of(cls, flat: np.ndarray | None, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> "Payload":
-        return cls([] if flat is None else chunk_array(flat, chunk_bytes))
+    for i in range(0, raw.size, chunk_bytes):
+        chunk = raw[i : i + chunk_bytes].tobytes()
+        COPIES.add(len(chunk))
+        yield chunk
 
 
 def _frame0(header: Message) -> bytes:
@@ -77,29 +67,20 @@ def _frame0(header: Message) -> bytes:
     return _LEN.pack(len(head)) + head
 
 
-def encode(header: Message, payload: Payload | None = None) -> list[bytes]:
-    """Frames for ``header`` followed by pre-cut ``payload``; a small payload is inlined in frame 0."""
-    chunks = payload.chunks if payload else []
-    if len(chunks) == 1 and len(chunks[0]) <= INLINE_BYTES:
-        return [_frame0(header) + chunks[0]]
-    return [_frame0(header), *chunks]
+def encode(header: Message, chunks: Iterable[bytes] = (), nbytes: int = 0) -> Iterator[bytes]:
+    """Frames for ``header`` and a payload of ``nbytes`` given as ``chunks``.
+
+    A payload of at most ``INLINE_BYTES`` rides inside frame 0, so it is one message.
+    """
+    if 0 < nbytes <= INLINE_BYTES:
+        yield _frame0(header) + b"".join(chunks)
+        return
+    yield _frame0(header)
+    yield from chunks
 
 
 def encode_array(header: Message, flat: np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
-    """Frames for ``header`` and ``flat``, each chunk cut only when gRPC asks for it.
-
-    Cutting lazily overlaps the one unavoidable copy (array -> bytes) with sending.
-    """
-    raw = flat.view(np.uint8)
-    if raw.size <= INLINE_BYTES:
-        COPIES.add(raw.size)
-        yield _frame0(header) + raw.tobytes()
-        return
-    yield _frame0(header)
-    for i in range(0, raw.size, chunk_bytes):
-        chunk = raw[i : i + chunk_bytes].tobytes()
-        COPIES.add(len(chunk))
-        yield chunk
+    return encode(header, array_chunks(flat, chunk_bytes), flat.nbytes)
 
 
 def decode_header(frame0: bytes, header_type: type[M]) -> tuple[M, memoryview]:

@@ -262,7 +262,8 @@ class Optimizer:
         """``schedule(iterations) * lr_scale``."""
         return float(self.schedule(self.iterations)) * self.lr_scale
 
-    def apply(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0, grad_scale: float = 1.0) -> float:
+    def apply(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0, grad_scale: float = 1.0,
+              on_block: Callable[[int], None] | None = None) -> float:
         """Apply one update in place to ``params`` and return the effective learning rate.
 
         ``params`` must be a C-contiguous 1-D float32 array of ``size`` elements.
@@ -271,7 +272,9 @@ class Optimizer:
         The effective rate is ``learning_rate() * lr_factor`` (``lr_factor``
         e.g. ``1 / (1 + staleness)``); ``iterations`` is incremented afterwards.
         ``grad_scale`` multiplies the gradient block by block first, so a summed
-        gradient becomes a mean without a separate pass over memory.
+        gradient becomes a mean without a separate pass over memory. ``on_block(end)``
+        is called after ``params[:end]`` holds its final values, so a caller can
+        publish finished parts while the rest is still being updated.
         """
         if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
             raise ValueError(
@@ -290,6 +293,8 @@ class Optimizer:
             if grad_scale != 1.0:
                 np.multiply(grad[block], _f32(grad_scale), out=grad[block])
             self._update(params[block], grad[block], self._scratch[:n], step_size, block)
+            if on_block is not None:
+                on_block(block.stop)
         self.iterations += 1
         return lr
 

@@ -19,10 +19,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Gauge
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import (
-    FrameError, Payload, decode_header, encode, grpc_options, receive_into, tune_allocator,
-)
-from switchps.ps_server.model import layout_size
+from switchps.protos.codec import FrameError, decode_header, encode, grpc_options, receive_into, tune_allocator
+from switchps.ps_server.model import Snapshot, layout_size
 from switchps.ps_server.sync import Push, SyncEngine
 
 SERVICE = "switchps.ParameterServer"
@@ -122,7 +120,7 @@ class ParameterServer:
         if not self.store.initialized:
             ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "the model is not initialized yet")
         snapshot = self.store.snapshot()
-        send = req.have_version != snapshot[0]
+        send = req.have_version != snapshot.version
         yield from self._reply(pb.PushReply(applied=False), snapshot if send else None, req.worker)
 
     def push(self, frames: Iterator[bytes], ctx: grpc.ServicerContext) -> Iterator[bytes]:
@@ -141,24 +139,23 @@ class ParameterServer:
         VERSION.set(self.store.version)
         reply = pb.PushReply(applied=outcome.applied, note=outcome.note, staleness=outcome.staleness,
                              wait_s=outcome.wait_s)
-        yield from self._reply(reply, self.store.snapshot(), p.worker)
+        yield from self._reply(reply, outcome.snapshot, p.worker)
 
     def push_small(self, frame: bytes, ctx: grpc.ServicerContext) -> bytes:
         """A push whose payload and reply each fit in one frame (models up to INLINE_BYTES)."""
         (reply,) = self.push(iter([frame]), ctx)
         return reply
 
-    def _reply(self, reply: pb.PushReply, snapshot: tuple[int, Payload] | None, worker: int) -> Iterator[bytes]:
+    def _reply(self, reply: pb.PushReply, snapshot: Snapshot | None, worker: int) -> Iterator[bytes]:
         """Reply frames: the header with the next work order, then the parameters (unless stopping)."""
         reply.order.CopyFrom(self.engine.work_order())
         if reply.order.stop:
             self.told_stop.add(worker)
             snapshot = None
-        payload = None
-        if snapshot:
-            reply.order.version, payload = snapshot
-            reply.nbytes = payload.nbytes
-        return iter(encode(reply, payload))
+        if snapshot is None:
+            return encode(reply)
+        reply.order.version, reply.nbytes = snapshot.version, snapshot.nbytes
+        return encode(reply, snapshot.chunks(), snapshot.nbytes)
 
     def _receive_push(self, frames: Iterator[bytes]) -> tuple[Push, pb.StepStats]:
         """Validate a push completely; the model is untouched unless this returns."""

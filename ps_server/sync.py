@@ -24,7 +24,7 @@ import numpy as np
 
 from switchps.config import ProtocolSpec, TrainSpec
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.model import ModelStore
+from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
 
 
@@ -46,6 +46,7 @@ class Outcome:
     note: str = ""
     staleness: int = 0
     wait_s: float = 0.0
+    snapshot: Snapshot | None = None  # the version the pusher should receive
 
 
 @dataclass
@@ -162,15 +163,17 @@ class SyncEngine:
         with self.cond:
             self.last_push[p.worker] = p.arrived
             if self.done:
-                return self._drop(p, "finished")
-            if p.worker not in self.active:
-                self._activate(p.worker, "worker_rejoined")
-            if self.protocol.name == "bsp":
-                return self._push_bsp(p)
-        outcome = self._apply_now(p)
-        if self.protocol.name == "ssp":
-            with self.cond:
-                outcome.wait_s = self._hold_ssp(p.worker)
+                outcome = self._drop(p, "finished")
+            else:
+                if p.worker not in self.active:
+                    self._activate(p.worker, "worker_rejoined")
+                if self.protocol.name == "bsp":
+                    outcome = self._push_bsp(p)
+                else:
+                    outcome = self._apply_now(p)
+                    if self.protocol.name == "ssp":
+                        outcome.wait_s = self._hold_ssp(p.worker)
+            outcome.snapshot = self.store.snapshot()
         return outcome
 
     def _drop(self, p: Push, reason: str) -> Outcome:
@@ -181,19 +184,26 @@ class SyncEngine:
         return Outcome(applied=False, note=f"dropped: {reason}", staleness=self.store.version - p.base_version)
 
     def _apply_now(self, p: Push) -> Outcome:
-        """ASP/SSP: apply on arrival (the engine lock is not held during the apply)."""
+        """ASP/SSP: apply on arrival (queued to the applier in arrival order)."""
         staleness = self.store.version - p.base_version
         damp = 1.0 / (1 + staleness) if self.protocol.staleness_lr else 1.0
-        applied = self.store.apply(p.grad, p.samples, damp)
-        self.store.buffers.put(p.grad)
-        with self.cond:
-            self.clocks[p.worker] = self.clocks.get(p.worker, 0) + 1
-            self.samples_applied += p.samples
-            self.rec.count("accepted")
-            self._record_update(applied.version, applied.lr, [p], [staleness], time.monotonic() - p.arrived)
-            self._check_finished()
-            self.cond.notify_all()
+        self._submit(p.grad, [p], [staleness], p.arrived, damp)
+        self.clocks[p.worker] = self.clocks.get(p.worker, 0) + 1
+        self.rec.count("accepted")
         return Outcome(applied=True, staleness=staleness)
+
+    def _submit(self, grad: np.ndarray, members: list[Push], staleness: list[int], since: float,
+                lr_factor: float = 1.0) -> None:
+        """Queue one update of ΣG/Σb and account for it; the record is written once it is applied."""
+        samples = sum(m.samples for m in members)
+        wait_s = time.monotonic() - since
+        protocol = self.protocol.name
+        version = self.store.version + 1
+        self.store.submit(grad, samples, lr_factor, on_applied=lambda lr: self._record_update(
+            version, lr, protocol, members, staleness, wait_s))
+        self.samples_applied += samples
+        self._check_finished()
+        self.cond.notify_all()
 
     def _hold_ssp(self, worker: int) -> float:
         """Hold a worker while it is more than s clocks ahead of the slowest active worker."""
@@ -242,21 +252,14 @@ class SyncEngine:
         return max(1, len(self.active) - self.protocol.backup_workers)
 
     def _complete(self, r: _Round) -> None:
-        samples = sum(m.samples for m in r.members)
-        applied = self.store.apply(r.acc, samples)
-        self.store.buffers.put(r.acc)
-        self.samples_applied += samples
-        self._record_update(applied.version, applied.lr, r.members, [0] * len(r.members),
-                            time.monotonic() - r.started)
         self._round = None
-        self._check_finished()
-        self.cond.notify_all()
+        self._submit(r.acc, r.members, [0] * len(r.members), r.started)
 
-    def _record_update(self, version: int, lr: float, members: list[Push], staleness: list[int],
+    def _record_update(self, version: int, lr: float, protocol: str, members: list[Push], staleness: list[int],
                        wait_s: float) -> None:
         b = [m.samples for m in members]
         self.rec.update(
-            time_s=self.rec.now(), version=version, protocol=self.protocol.name,
+            time_s=self.rec.now(), version=version, protocol=protocol,
             workers=";".join(str(m.worker) for m in members), samples=sum(b),
             staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness), lr=lr,
             train_loss=sum(m.loss_sum for m in members) / sum(b),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import INLINE_BYTES, FrameError, Payload, decode_header, encode, receive_into
+from switchps.protos.codec import INLINE_BYTES, FrameError, decode_header, encode_array, receive_into
 
 CHUNK = 4096  # bytes
 
@@ -16,9 +16,9 @@ CHUNK = 4096  # bytes
 def test_round_trip_around_chunk_boundaries(floats):
     values = np.random.default_rng(floats).standard_normal(floats).astype(np.float32)
     header = pb.PushHeader(worker=3, samples=7, nbytes=values.nbytes)
-    frames = encode(header, Payload.of(values, CHUNK))
-    inline = values.nbytes <= min(CHUNK, INLINE_BYTES)
-    assert len(frames) == (1 if inline else 1 + -(-values.nbytes // CHUNK))
+    frames = list(encode_array(header, values, CHUNK))
+    one_message = values.nbytes <= INLINE_BYTES  # inlined in frame 0 (or empty)
+    assert len(frames) == (1 if one_message else 1 + -(-values.nbytes // CHUNK))
     assert all(len(f) <= CHUNK + 64 for f in frames[1:])
     got_header, first = decode_header(frames[0], pb.PushHeader)
     assert got_header == header
@@ -28,13 +28,14 @@ def test_round_trip_around_chunk_boundaries(floats):
 
 
 def test_receive_rejects_short_and_long_payloads():
-    values = np.ones(100, np.float32)
-    frames = encode(pb.PushHeader(), Payload.of(values, 64))
+    n = INLINE_BYTES // 4 + 100  # streamed, not inlined
+    values = np.ones(n, np.float32)
+    frames = list(encode_array(pb.PushHeader(), values, CHUNK))
     _, first = decode_header(frames[0], pb.PushHeader)
     with pytest.raises(FrameError, match="expected"):
-        receive_into(first, iter(frames[1:-1]), np.empty(100, np.float32))
+        receive_into(first, iter(frames[1:-1]), np.empty(n, np.float32))
     with pytest.raises(FrameError, match="exceeds"):
-        receive_into(first, iter(frames[1:]), np.empty(99, np.float32))
+        receive_into(first, iter(frames[1:]), np.empty(n - 1, np.float32))
 
 
 def test_decode_rejects_bad_frame0():
@@ -75,13 +76,13 @@ def test_all_finite_is_exact_even_when_the_fast_sum_overflows():
 
 
 def test_receive_checks_finiteness_frame_by_frame():
-    values = np.ones(3000, np.float32)
-    values[2999] = np.nan  # in the last frame
-    frames = encode(pb.PushHeader(), Payload.of(values, 4096))
+    values = np.ones(INLINE_BYTES // 4 + 3000, np.float32)
+    values[-1] = np.nan  # in the last frame
+    frames = list(encode_array(pb.PushHeader(), values, 4096))
     _, first = decode_header(frames[0], pb.PushHeader)
-    out = np.empty(3000, np.float32)
+    out = np.empty(values.size, np.float32)
     assert receive_into(first, iter(frames[1:]), out, check_finite=True) is False
-    values[2999] = 1.0
-    frames = encode(pb.PushHeader(), Payload.of(values, 4096))
+    values[-1] = 1.0
+    frames = list(encode_array(pb.PushHeader(), values, 4096))
     _, first = decode_header(frames[0], pb.PushHeader)
     assert receive_into(first, iter(frames[1:]), out, check_finite=True) is True

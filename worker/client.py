@@ -74,8 +74,8 @@ class PSClient:
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
              wait_initialized: bool = False) -> Reply:
-        request = encode(pb.PullRequest(worker=worker, have_version=have_version,
-                                        wait_initialized=wait_initialized))[0]
+        request = next(encode(pb.PullRequest(worker=worker, have_version=have_version,
+                                             wait_initialized=wait_initialized)))
         return self._read_reply(self._pull(request, timeout=self.timeout_s), params)
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:

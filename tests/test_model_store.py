@@ -1,0 +1,67 @@
+"""The model store: one applier thread, snapshots published chunk by chunk while the apply runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.model import ModelStore, Snapshot
+from switchps.ps_server.optimizers import make_optimizer, make_schedule
+
+CHUNK = 4096  # bytes = 1024 floats
+
+
+def _store(size: int) -> ModelStore:
+    store = ModelStore(lambda n: make_optimizer("sgd", n, make_schedule("constant", 1.0)), chunk_bytes=CHUNK)
+    store.initialize(pb.Layout(digest="x"), np.zeros(size, np.float32))
+    return store
+
+
+def test_snapshot_readers_wait_for_each_chunk_in_order():
+    flat = np.arange(20000, dtype=np.float32)  # 80 KB: streamed in 20 chunks
+    snap = Snapshot(1, flat.nbytes, CHUNK)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.extend(snap.chunks()))
+    reader.start()
+    snap.publish_until(flat, 1500)  # only the first chunk (elements 0..1023) is whole
+    time.sleep(0.2)
+    assert len(got) == 1 and reader.is_alive()
+    snap.publish_until(flat, flat.size)
+    reader.join(5)
+    assert np.array_equal(np.frombuffer(b"".join(got), np.float32), flat)
+
+
+def test_failed_update_is_raised_to_readers():
+    snap = Snapshot(3, 8192, CHUNK)
+    snap.fail(ValueError("boom"))
+    with pytest.raises(RuntimeError, match="version 3"):
+        list(snap.chunks())
+
+
+def test_submit_reserves_versions_in_order_and_applies_all():
+    store = _store(5000)
+    applied: list[float] = []
+    snaps = [store.submit(np.full(5000, 2.0, np.float32), 2, on_applied=applied.append) for _ in range(5)]
+    assert [s.version for s in snaps] == [1, 2, 3, 4, 5] and store.version == 5
+    last = b"".join(snaps[-1].chunks())
+    assert store.wait_idle(5)
+    np.testing.assert_array_equal(np.frombuffer(last, np.float32), np.full(5000, -5.0))
+    np.testing.assert_array_equal(np.frombuffer(b"".join(snaps[1].chunks()), np.float32), np.full(5000, -2.0))
+    assert applied == [1.0] * 5
+
+
+def test_update_is_recorded_before_its_last_chunk_is_published():
+    store = _store(20000)
+    seen_complete_at_record: list[int] = []
+    holder: dict[str, Snapshot] = {}
+
+    def on_applied(lr: float) -> None:
+        seen_complete_at_record.append(len(holder["snap"]._chunks))
+
+    holder["snap"] = store.submit(np.ones(20000, np.float32), 1, on_applied=on_applied)
+    list(holder["snap"].chunks())
+    assert seen_complete_at_record == [19]  # 20 chunks in all: the last waits for the record
