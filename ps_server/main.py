@@ -52,6 +52,7 @@ def run_ps(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     finally:
         health.enter_graceful_shutdown()
         server.stop(grace=1.0).wait()
+    engine.store.wait_idle(timeout=60)  # every queued update applied and recorded
     return engine.rec.close(_summary(cfg, engine, ps))
 
 

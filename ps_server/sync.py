@@ -143,6 +143,8 @@ class SyncEngine:
     def _check_finished(self) -> None:
         if not self.done and self.started_at is not None and self.progress() >= 1.0:
             self.finished_at = time.monotonic()
+            if self._round is not None:  # a time limit can fall mid-round: its accepted pushes still count
+                self._complete(self._round)
             self.rec.event("training_finished", version=self.store.version, samples=self.samples_applied)
             self.cond.notify_all()
 

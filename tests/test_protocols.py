@@ -136,3 +136,16 @@ def test_concurrent_asp_pushes_lose_no_update(cluster_factory):
     assert c.engine.store.version == threads * per_thread
     np.testing.assert_array_equal(c.params, np.full(64, -float(threads * per_thread)))
     assert c.engine.rec.counts["accepted"] == threads * per_thread
+
+
+def test_time_limit_mid_round_applies_the_partial_round(cluster_factory):
+    c = cluster_factory(workers=3, size=2, train={"seconds": 0.8})
+    p0 = c.workers[0].push_async(np.ones(2, G), 1)  # the other two never push
+    time.sleep(1.0)
+    c.engine.tick()
+    r = p0.result()
+    assert r.order.stop
+    assert c.engine.store.version == 1 and c.engine.samples_applied == 1
+    c.engine.store.wait_idle(5)
+    np.testing.assert_allclose(c.params, -np.ones(2))
+    assert c.engine.rec.counts["accepted"] == 1 and c.engine.rec.counts["dropped"] == 0
