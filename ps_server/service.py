@@ -178,13 +178,13 @@ class ParameterServer:
                            f"base version {h.base_version} is not in [0, {store.version}]")
         grad = store.buffers.get()
         try:
-            if not receive_into(first, frames, grad, check_finite=True):
-                raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "non_finite", "gradient has NaN or inf values")
-        except (FrameError, Rejected) as e:
+            finite = receive_into(first, frames, grad, check_finite=True)
+        except FrameError as e:
             store.buffers.put(grad)
-            if isinstance(e, FrameError):
-                raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "size", str(e)) from None
-            raise
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "size", str(e)) from None
+        if not finite:
+            store.buffers.put(grad)
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "non_finite", "gradient has NaN or inf values")
         return Push(h.worker, h.base_version, h.samples, grad, h.stats.loss_sum), h.stats
 
     def _reject(self, ctx: grpc.ServicerContext, r: Rejected, kind: str = "push") -> None:
