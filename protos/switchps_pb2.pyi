@@ -59,20 +59,28 @@ class RegisterReply(_message.Message):
     def __init__(self, send_init: _Optional[bool] = ..., order: _Optional[_Union[WorkOrder, _Mapping]] = ..., num_workers: _Optional[int] = ...) -> None: ...
 
 class StepStats(_message.Message):
-    __slots__ = ("step", "compute_s", "send_s", "wait_s", "sleep_s", "loss_sum")
+    __slots__ = ("step", "compute_s", "send_s", "wait_s", "sleep_s", "loss_sum", "delay_sleep_s", "delay_factor", "delay_comm_s", "batch_exhausted")
     STEP_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     SEND_S_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     SLEEP_S_FIELD_NUMBER: _ClassVar[int]
     LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
+    DELAY_SLEEP_S_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    DELAY_COMM_S_FIELD_NUMBER: _ClassVar[int]
+    BATCH_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     step: int
     compute_s: float
     send_s: float
     wait_s: float
     sleep_s: float
     loss_sum: float
-    def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ...) -> None: ...
+    delay_sleep_s: float
+    delay_factor: float
+    delay_comm_s: float
+    batch_exhausted: bool
+    def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., delay_sleep_s: _Optional[float] = ..., delay_factor: _Optional[float] = ..., delay_comm_s: _Optional[float] = ..., batch_exhausted: _Optional[bool] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats")

@@ -29,7 +29,7 @@ def optimizer_factory(cfg: RunConfig):
 
 def build_engine(cfg: RunConfig, run_dir: Path) -> SyncEngine:
     store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes)
-    return SyncEngine(store, RunRecorder(run_dir), cfg.protocol, cfg.train, cfg.cluster.num_workers,
+    return SyncEngine(store, RunRecorder(run_dir, trace=cfg.stragglers.active), cfg.protocol, cfg.train, cfg.cluster.num_workers,
                       cfg.cluster.startup_timeout_s)
 
 
@@ -70,6 +70,10 @@ def _summary(cfg: RunConfig, engine: SyncEngine, ps: ParameterServer) -> dict[st
         "samples_per_s": round(engine.samples_applied / wall, 1) if wall > 0 else None,
         "target_accuracy": target,
         "time_to_target_s": reached[0] if reached else None,
+        "worker_utilization": round(sum(engine.rec.busy_s.values()) / (wall * cfg.cluster.num_workers), 4)
+        if wall > 0 else None,
+        "emulated_device": cfg.device.model_dump() if cfg.device.samples_per_s else None,
+        "stragglers": cfg.stragglers.model_dump(exclude_none=True) or None,
         "final_eval_reported": ps.final_eval_done,
         "workers_not_told_stop": sorted(set(engine.registered) - ps.told_stop),
     }

@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from switchps.worker.stragglers import TRACE_COLUMNS
+
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
-              "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s")
+              "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s")
 WORKER_COLUMNS = ("time_s", "worker", "step", "base_version", "samples", "compute_s", "send_s",
                   "wait_s", "sleep_s", "loss")
+TRACE_FILE_COLUMNS = ("time_s", *TRACE_COLUMNS)
 EVAL_COLUMNS = ("time_s", "version", "test_loss", "test_accuracy")
 
 
@@ -42,7 +45,7 @@ class _Table:
 class RunRecorder:
     """Appends rows and events, counts pushes, and writes ``summary.json``."""
 
-    def __init__(self, run_dir: Path, flush_every_s: float = 0.5) -> None:
+    def __init__(self, run_dir: Path, trace: bool = False, flush_every_s: float = 0.5) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.t0: float | None = None  # training start; times in the record count from it
@@ -51,6 +54,8 @@ class RunRecorder:
         self.ps = _Table(run_dir / "ps.csv", PS_COLUMNS)
         self.workers = _Table(run_dir / "workers.csv", WORKER_COLUMNS)
         self.eval = _Table(run_dir / "eval.csv", EVAL_COLUMNS)
+        self.trace = _Table(run_dir / "stragglers.csv", TRACE_FILE_COLUMNS) if trace else None
+        self.busy_s: Counter[int] = Counter()  # per worker: compute + injected delay, i.e. not waiting
         self._events: list[tuple[float, dict[str, Any]]] = []
         (run_dir / "events.jsonl").write_text("")
         self.counts: Counter[str] = Counter()
@@ -76,6 +81,13 @@ class RunRecorder:
     def worker_step(self, **row: Any) -> None:
         with self._lock:
             self.workers.rows.append(tuple(_fmt(row.get(c)) for c in WORKER_COLUMNS))
+            self.busy_s[row["worker"]] += row["compute_s"] + row["sleep_s"]
+
+    def straggler(self, **row: Any) -> None:
+        """One row of the straggler trace, at full precision so a replay is exact."""
+        with self._lock:
+            values = (row[c] for c in TRACE_FILE_COLUMNS)
+            self.trace.rows.append(tuple(repr(v) if isinstance(v, float) else v for v in values))
 
     def evaluation(self, version: int, test_loss: float, test_accuracy: float) -> None:
         t = self.now()
@@ -97,8 +109,9 @@ class RunRecorder:
     def flush(self, final: bool = False) -> None:
         """Write buffered rows; events wait for the training start so their times share its origin."""
         with self._lock:
-            for t in (self.ps, self.workers, self.eval):
-                t.flush()
+            for t in (self.ps, self.workers, self.eval, self.trace):
+                if t is not None:
+                    t.flush()
             if self.t0 is None and not final:
                 return
             events = [json.dumps({"time_s": self._rel(m), **e}) for m, e in self._events]
@@ -124,6 +137,7 @@ class RunRecorder:
             "pushes_accepted": self.counts["accepted"],
             "pushes_rejected": self.counts["rejected"],
             "pushes_dropped": self.counts["dropped"],
+            "batch_exhausted_steps": self.counts["batch_exhausted"],
             "push_reasons": dict(sorted(self.reasons.items())),
             **summary,
         }

@@ -130,16 +130,24 @@ class ParameterServer:
             self._reject(ctx, Rejected(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(e)))
         except Rejected as r:
             self._reject(ctx, r)
-        self.rec.worker_step(time_s=self.rec.now(), worker=p.worker, step=stats.step,
-                             base_version=p.base_version, samples=p.samples, compute_s=stats.compute_s,
-                             send_s=stats.send_s, wait_s=stats.wait_s, sleep_s=stats.sleep_s,
-                             loss=stats.loss_sum / p.samples)
+        self._record_step(p, stats)
         outcome = self.engine.push(p)
         PUSHES.labels("applied" if outcome.applied else "dropped").inc()
         VERSION.set(self.store.version)
         reply = pb.PushReply(applied=outcome.applied, note=outcome.note, staleness=outcome.staleness,
                              wait_s=outcome.wait_s)
         yield from self._reply(reply, outcome.snapshot, p.worker)
+
+    def _record_step(self, p: Push, stats: pb.StepStats) -> None:
+        now = self.rec.now()
+        self.rec.worker_step(time_s=now, worker=p.worker, step=stats.step, base_version=p.base_version,
+                             samples=p.samples, compute_s=stats.compute_s, send_s=stats.send_s,
+                             wait_s=stats.wait_s, sleep_s=stats.sleep_s, loss=stats.loss_sum / p.samples)
+        if self.rec.trace is not None:
+            self.rec.straggler(time_s=now, worker=p.worker, step=stats.step, sleep_s=stats.delay_sleep_s,
+                               factor=stats.delay_factor or 1.0, comm_s=stats.delay_comm_s)
+        if stats.batch_exhausted:
+            self.rec.count("batch_exhausted")
 
     def push_small(self, frame: bytes, ctx: grpc.ServicerContext) -> bytes:
         """A push whose payload and reply each fit in one frame (models up to INLINE_BYTES)."""

@@ -4,7 +4,8 @@ One ``SyncEngine`` serves every push. Under the engine's condition lock it
 keeps membership (registered / active workers), the BSP round in flight and
 the SSP clocks; the model store's own lock covers only the apply itself.
 
-- **BSP**: pushes for the current version join a round; the round completes
+- **BSP** (and **AMB**, **FMB**, which differ from it only in the budgets of
+  their work orders): pushes for the current version join a round; the round completes
   when every active worker (minus ``backup_workers``) has pushed, is applied as
   one update of ΣG/Σb, and releases everyone. A round older than
   ``deadline_s`` completes without its missing workers, who become inactive
@@ -155,8 +156,9 @@ class SyncEngine:
 
     def work_order(self) -> pb.WorkOrder:
         p = self.protocol
-        return pb.WorkOrder(protocol=p.name, version=self.store.version, sample_budget=p.batch,
-                            micro_batch=p.effective_micro_batch, stop=self.done)
+        return pb.WorkOrder(protocol=p.name, version=self.store.version, sample_budget=p.sample_budget,
+                            time_budget_s=p.step_time_budget_s, micro_batch=p.effective_micro_batch,
+                            stop=self.done)
 
     # ---- pushes ---------------------------------------------------------------------------
 
@@ -169,8 +171,8 @@ class SyncEngine:
             else:
                 if p.worker not in self.active:
                     self._activate(p.worker, "worker_rejoined")
-                if self.protocol.name == "bsp":
-                    outcome = self._push_bsp(p)
+                if self.protocol.synchronous:
+                    outcome = self._push_round(p)
                 else:
                     outcome = self._apply_now(p)
                     if self.protocol.name == "ssp":
@@ -199,10 +201,10 @@ class SyncEngine:
         """Queue one update of ΣG/Σb and account for it; the record is written once it is applied."""
         samples = sum(m.samples for m in members)
         wait_s = time.monotonic() - since
-        protocol = self.protocol.name
+        protocol, budget = self.protocol.name, self.protocol.step_time_budget_s
         version = self.store.version + 1
         self.store.submit(grad, samples, lr_factor, on_applied=lambda lr: self._record_update(
-            version, lr, protocol, members, staleness, wait_s))
+            version, lr, protocol, members, staleness, wait_s, budget))
         self.samples_applied += samples
         self._check_finished()
         self.cond.notify_all()
@@ -222,7 +224,8 @@ class SyncEngine:
             self.cond.wait(0.25)
         return time.monotonic() - t0
 
-    def _push_bsp(self, p: Push) -> Outcome:
+    def _push_round(self, p: Push) -> Outcome:
+        """BSP, AMB and FMB: join the current round and wait for it to complete."""
         if p.base_version != self.store.version:
             reason = "backup" if self.protocol.backup_workers else "late"
             return self._drop(p, reason)
@@ -258,12 +261,12 @@ class SyncEngine:
         self._submit(r.acc, r.members, [0] * len(r.members), r.started)
 
     def _record_update(self, version: int, lr: float, protocol: str, members: list[Push], staleness: list[int],
-                       wait_s: float) -> None:
+                       wait_s: float, time_budget_s: float) -> None:
         b = [m.samples for m in members]
         self.rec.update(
             time_s=self.rec.now(), version=version, protocol=protocol,
             workers=";".join(str(m.worker) for m in members), samples=sum(b),
             staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness), lr=lr,
             train_loss=sum(m.loss_sum for m in members) / sum(b),
-            b_min=min(b), b_mean=sum(b) / len(b), b_max=max(b), wait_s=wait_s,
+            b_min=min(b), b_mean=sum(b) / len(b), b_max=max(b), wait_s=wait_s, time_budget_s=time_budget_s or None,
         )

@@ -119,6 +119,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from switchps.study import AmbStudy, run_amb_vs_fmb
+
+    study = AmbStudy(workers=args.workers, steps=args.steps, scale=args.scale, target=args.target, out=args.out)
+    result = run_amb_vs_fmb(study, quiet=args.quiet)
+    print(Path(args.out) / "study.json")
+    return 0 if result["speedup_time_to_target"] is not None else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchps", description="Parameter server with switchable synchronization")
     sub = p.add_subparsers(dest="command", required=True)
@@ -149,6 +158,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--target", type=float, default=0.9)
     c.add_argument("--out", default="compare.png")
     c.set_defaults(func=cmd_compare)
+    st = sub.add_parser("study", help="run a packaged study (amb-vs-fmb)")
+    st.add_argument("name", choices=["amb-vs-fmb"])
+    st.add_argument("--out", default="runs/amb-vs-fmb", help="directory for both runs, the figure and study.json")
+    st.add_argument("--workers", type=int, default=8)
+    st.add_argument("--steps", type=int, default=150, help="model updates per arm")
+    st.add_argument("--scale", type=float, default=0.25, help="multiplies every straggler time (keeps ratios)")
+    st.add_argument("--target", type=float, default=0.9)
+    st.add_argument("--quiet", action="store_true")
+    st.set_defaults(func=cmd_study)
     return p
 
 

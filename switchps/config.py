@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from switchps.worker.stragglers import StragglerSpec
+
 PROTOCOLS = ("bsp", "asp", "ssp")
 
 
@@ -95,12 +97,20 @@ class OptimizerSpec(Section):
     """Extra hyper-parameters: momentum, rho, beta_1, beta_2, epsilon, initial_accumulator_value."""
 
 
+SYNCHRONOUS = ("bsp", "amb", "fmb")
+"""Protocols that run in rounds: every active worker pushes, then one update is applied."""
+
+
 class ProtocolSpec(Section):
-    name: Literal["bsp", "asp", "ssp"] = "bsp"
+    name: Literal["bsp", "asp", "ssp", "amb", "fmb"] = "bsp"
     batch: int = Field(32, gt=0)
-    """Samples per worker step (the sample budget)."""
+    """Samples per worker step (the sample budget); FMB is BSP with this fixed batch."""
     micro_batch: int | None = Field(None, gt=0)
     """Samples per gradient micro-batch; defaults to `batch`."""
+    time_budget_s: float | None = Field(None, gt=0)
+    """AMB only: T, the compute time per step, from receiving the work order to pushing."""
+    max_batch: int | None = Field(None, gt=0)
+    """AMB only: the upper bound on samples per step (default 4 x batch)."""
     deadline_s: float = Field(30.0, gt=0)
     """A worker that has not pushed this long after a round began is marked inactive."""
     backup_workers: int = Field(0, ge=0)
@@ -110,9 +120,35 @@ class ProtocolSpec(Section):
     staleness_lr: bool = False
     """ASP/SSP: damp the learning rate by staleness, lr/(1+tau)."""
 
+    @model_validator(mode="after")
+    def _amb_needs_budget(self) -> "ProtocolSpec":
+        if self.name == "amb" and self.time_budget_s is None:
+            raise ValueError("time_budget_s is required when name is amb")
+        return self
+
+    @property
+    def synchronous(self) -> bool:
+        return self.name in SYNCHRONOUS
+
+    @property
+    def sample_budget(self) -> int:
+        """Samples a worker may take per step: AMB's upper bound, else the batch."""
+        return (self.max_batch or 4 * self.batch) if self.name == "amb" else self.batch
+
+    @property
+    def step_time_budget_s(self) -> float:
+        """T for AMB; 0 (no time budget) otherwise."""
+        return self.time_budget_s if self.name == "amb" else 0.0
+
     @property
     def effective_micro_batch(self) -> int:
-        return min(self.micro_batch or self.batch, self.batch)
+        return min(self.micro_batch or self.batch, self.sample_budget)
+
+
+class DeviceSpec(Section):
+    samples_per_s: float | None = Field(None, gt=0)
+    """Emulate a device of this speed: each micro-batch takes micro_batch / samples_per_s seconds
+    (never less than the real compute), so studies with many workers run honestly on 2 cores."""
 
 
 class TrainSpec(Section):
@@ -167,6 +203,8 @@ class RunConfig(Section):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    device: DeviceSpec = Field(default_factory=DeviceSpec)
+    stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

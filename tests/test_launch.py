@@ -12,6 +12,7 @@ import time
 from importlib.resources import files
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ def no_process_mentions(text: str) -> bool:
     return out.stdout.strip() == ""
 
 
-@pytest.mark.parametrize("config", ["bsp", "asp", "ssp", "backup"])
+@pytest.mark.parametrize("config", ["bsp", "asp", "ssp", "backup", "amb", "fmb"])
 def test_example_config_trains_digits_to_090(tmp_path, config):
     proc, run_dir = run(tmp_path, str(CONFIGS / f"{config}.yaml"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -59,13 +60,20 @@ def test_example_config_trains_digits_to_090(tmp_path, config):
     assert summary["pushes_rejected"] == 0
     updates = rows(run_dir / "ps.csv")
     contributors = [len(u["workers"].split(";")) for u in updates]
-    if config == "bsp":
+    if config in ("bsp", "fmb"):
         assert set(contributors) == {3} and {u["staleness_max"] for u in updates} == {"0"}
+    if config == "fmb":
+        assert {u["b_min"] for u in updates} == {"16"} and {u["b_max"] for u in updates} == {"16"}
+    if config == "amb":  # all three every round; the 3x slower worker contributes fewer samples
+        assert set(contributors) == {3} and {u["time_budget_s"] for u in updates} == {"0.12"}
+        assert np.mean([float(u["b_min"]) for u in updates]) < 0.6 * np.mean([float(u["b_max"]) for u in updates])
+        assert summary["emulated_device"] == {"samples_per_s": 200.0}
+        assert (run_dir / "stragglers.csv").exists()
     elif config == "backup":  # N - k = 2 per round; the third push of each round is dropped and counted
         assert set(contributors) == {2}
         assert summary["pushes_dropped"] >= 0.5 * summary["updates"]
         assert set(summary["push_reasons"]) <= {"dropped:backup", "dropped:finished"}
-    else:  # asp, ssp: one push per update, applied on arrival, some of them stale
+    if config in ("asp", "ssp"):  # one push per update, applied on arrival, some of them stale
         assert set(contributors) == {1}
         assert max(int(u["staleness_max"]) for u in updates) >= 1
     if config == "ssp":  # a worker's pushes never run more than s + 1 versions behind 3 workers' clocks

@@ -69,6 +69,10 @@ class GradientComputer:
         grads = tape.gradient(loss, self.variables)
         return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0), loss
 
+    def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Add one micro-batch's Σ gradient and summed loss to the accumulators (no host copy)."""
+        self._accumulate(x, y)
+
     def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
         """Σ gradient and summed loss over all of ``x``, one micro-batch at a time."""
         if len(x) <= micro_batch:  # one micro-batch: no accumulators, one call

@@ -10,7 +10,9 @@ scores it on the held-out set and reports to the PS, off the critical path.
 from __future__ import annotations
 
 import logging
+import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,6 +23,7 @@ from switchps.worker.client import PSClient, Reply
 from switchps.worker.data import Dataset, load_dataset
 from switchps.worker.gradients import GradientComputer, configure_threads
 from switchps.worker.models import build_model
+from switchps.worker.stragglers import StepDelays, StragglerInjector
 
 log = logging.getLogger("switchps.worker")
 
@@ -55,6 +58,65 @@ def _setup(cfg: RunConfig) -> tuple[Dataset, GradientComputer]:
     return data, GradientComputer(model)
 
 
+@dataclass
+class Step:
+    """What one worker step produced."""
+
+    grad: np.ndarray
+    samples: int
+    loss_sum: float
+    compute_s: float
+    sleep_s: float
+    exhausted: bool = False
+
+
+def _sleep(seconds: float) -> float:
+    if seconds > 0:
+        time.sleep(seconds)
+    return max(seconds, 0.0)
+
+
+class StepRunner:
+    """Runs one step under a work order: injected delays, then micro-batches until a budget ends.
+
+    The sample budget ends a BSP/ASP/SSP/FMB step; AMB adds a time budget T
+    counted from the moment the work order arrived, with any straggler sleep
+    inside it, and always finishes at least one micro-batch. With an emulated
+    device each micro-batch takes ``micro_batch / samples_per_s`` seconds (never
+    less than the real compute).
+    """
+
+    def __init__(self, gc: GradientComputer, x: np.ndarray, y: np.ndarray, sampler: "Sampler",
+                 samples_per_s: float | None) -> None:
+        self.gc, self.x, self.y, self.sampler = gc, x, y, sampler
+        self.samples_per_s = samples_per_s
+
+    def run(self, order: pb.WorkOrder, received_at: float, delays: StepDelays) -> Step:
+        slept = _sleep(delays.sleep_s)
+        if not order.time_budget_s and self.samples_per_s is None and delays.factor == 1.0:
+            t0 = time.perf_counter()
+            idx = self.sampler.take(order.sample_budget)
+            grad, loss = self.gc.compute(self.x[idx], self.y[idx], order.micro_batch)
+            return Step(grad, len(idx), loss, time.perf_counter() - t0, slept)
+        end = received_at + order.time_budget_s if order.time_budget_s else math.inf
+        done, compute = 0, 0.0
+        while done < order.sample_budget:
+            idx = self.sampler.take(min(order.micro_batch, order.sample_budget - done))
+            t0 = time.perf_counter()
+            self.gc.accumulate(self.x[idx], self.y[idx])
+            took = time.perf_counter() - t0
+            if self.samples_per_s is not None:
+                took += _sleep(len(idx) / self.samples_per_s - took)
+            slept += _sleep((delays.factor - 1.0) * took)
+            compute += took
+            done += len(idx)
+            if time.perf_counter() >= end:
+                break
+        exhausted = done >= order.sample_budget and time.perf_counter() < end < math.inf
+        grad, loss = self.gc.finish()
+        return Step(grad, done, loss, compute, slept, exhausted)
+
+
 def run_worker(cfg: RunConfig, index: int) -> int:
     """Train until the PS says stop; returns the number of steps taken."""
     data, gc = _setup(cfg)
@@ -66,28 +128,46 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         client.init(index, layout, gc.flat_params())
     params = np.empty(gc.size, np.float32)
     reply = client.pull(params, worker=index, wait_initialized=True)
+    received_at = started = time.perf_counter()
     gc.assign(params)
     log.info("worker %d: %d samples, model v%d", index, len(x), reply.order.version)
-    sampler = Sampler(len(x), seed=cfg.seed * 1000 + index)
+    runner = StepRunner(gc, x, y, Sampler(len(x), seed=cfg.seed * 1000 + index), cfg.device.samples_per_s)
+    stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index, num_workers=cfg.cluster.num_workers)
+    warned: set[str] = set()
     step, send_s, wait_s = 0, 0.0, 0.0
     order = reply.order
     while not order.stop:
-        t0 = time.perf_counter()
-        idx = sampler.take(order.sample_budget)
-        grad, loss_sum = gc.compute(x[idx], y[idx], order.micro_batch)
-        stats = pb.StepStats(step=step, compute_s=time.perf_counter() - t0, send_s=send_s, wait_s=wait_s,
-                             loss_sum=loss_sum)
-        header = pb.PushHeader(worker=index, base_version=order.version, samples=len(idx),
+        delays = stragglers.plan(step, received_at - started)
+        s = runner.run(order, received_at, delays)
+        s.sleep_s += _sleep(delays.comm_s)
+        _warn_once(warned, index, s, order, stragglers)
+        stats = pb.StepStats(step=step, compute_s=s.compute_s, send_s=send_s, wait_s=wait_s, sleep_s=s.sleep_s,
+                             loss_sum=s.loss_sum, delay_sleep_s=delays.sleep_s, delay_factor=delays.factor,
+                             delay_comm_s=delays.comm_s, batch_exhausted=s.exhausted)
+        header = pb.PushHeader(worker=index, base_version=order.version, samples=s.samples,
                                layout_digest=layout.digest, stats=stats)
         t1 = time.perf_counter()
-        reply: Reply = client.push(header, grad, params)
-        send_s, wait_s = time.perf_counter() - t1, reply.reply.wait_s
+        reply: Reply = client.push(header, s.grad, params)
+        received_at = time.perf_counter()
+        send_s, wait_s = received_at - t1, reply.reply.wait_s
         if reply.fresh:
             gc.assign(params)
         order = reply.order
         step += 1
     client.close()
     return step
+
+
+def _warn_once(warned: set[str], index: int, s: Step, order: pb.WorkOrder, stragglers: StragglerInjector) -> None:
+    """Say once per worker what the AMB code warns about, and when a replayed trace runs out."""
+    if s.exhausted and "exhausted" not in warned:
+        warned.add("exhausted")
+        log.warning("worker %d: max_batch (%d) ran out before the time budget (%.3gs); increase max_batch "
+                    "or decrease time_budget_s (counted in summary.json)", index, order.sample_budget,
+                    order.time_budget_s)
+    if stragglers.beyond_trace and "trace" not in warned:
+        warned.add("trace")
+        log.warning("worker %d: the straggler trace has no more steps; no further delays", index)
 
 
 def run_evaluator(cfg: RunConfig) -> None:
