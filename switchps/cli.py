@@ -122,9 +122,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     from switchps.study import AmbStudy, run_amb_vs_fmb
 
-    study = AmbStudy(workers=args.workers, steps=args.steps, scale=args.scale, target=args.target, out=args.out)
+    given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target") if getattr(args, k) is not None}
+    study = AmbStudy(**given)
     result = run_amb_vs_fmb(study, quiet=args.quiet)
-    print(Path(args.out) / "study.json")
+    print(Path(study.out) / "study.json")
     return 0 if result["speedup_time_to_target"] is not None else 1
 
 
@@ -160,11 +161,11 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
     st = sub.add_parser("study", help="run a packaged study (amb-vs-fmb)")
     st.add_argument("name", choices=["amb-vs-fmb"])
-    st.add_argument("--out", default="runs/amb-vs-fmb", help="directory for both runs, the figure and study.json")
-    st.add_argument("--workers", type=int, default=8)
-    st.add_argument("--steps", type=int, default=150, help="model updates per arm")
-    st.add_argument("--scale", type=float, default=0.25, help="multiplies every straggler time (keeps ratios)")
-    st.add_argument("--target", type=float, default=0.9)
+    st.add_argument("--out", help="directory for both runs, the figure and study.json (default runs/amb-vs-fmb)")
+    st.add_argument("--workers", type=int, help="emulated workers (default 8)")
+    st.add_argument("--steps", type=int, help="model updates per arm (default 100)")
+    st.add_argument("--scale", type=float, help="multiplies every straggler time (default 0.25)")
+    st.add_argument("--target", type=float, help="target test accuracy (default 0.9)")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=cmd_study)
     return p
