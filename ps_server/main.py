@@ -10,6 +10,8 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from switchps.config import RunConfig
+from switchps.policies.registry import make_policy
+from switchps.ps_server.controller import Controller
 from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import make_optimizer, make_schedule
 from switchps.ps_server.records import RunRecorder
@@ -29,8 +31,12 @@ def optimizer_factory(cfg: RunConfig):
 
 def build_engine(cfg: RunConfig, run_dir: Path) -> SyncEngine:
     store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes)
-    return SyncEngine(store, RunRecorder(run_dir, trace=cfg.stragglers.active), cfg.protocol, cfg.train, cfg.cluster.num_workers,
-                      cfg.cluster.startup_timeout_s)
+    engine = SyncEngine(store, RunRecorder(run_dir, trace=cfg.stragglers.active), cfg.protocol, cfg.train,
+                        cfg.cluster.num_workers, cfg.cluster.startup_timeout_s, cfg.policy.on_switch)
+    if cfg.policy.name:
+        policy = make_policy(cfg.policy.name, cfg.policy.kwargs, cfg.policy.every_k)
+        engine.controller = Controller(engine, policy, cfg.policy.window)
+    return engine
 
 
 def run_ps(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
@@ -76,4 +82,14 @@ def _summary(cfg: RunConfig, engine: SyncEngine, ps: ParameterServer) -> dict[st
         "stragglers": cfg.stragglers.model_dump(exclude_none=True) or None,
         "final_eval_reported": ps.final_eval_done,
         "workers_not_told_stop": sorted(set(engine.registered) - ps.told_stop),
+        "policy": cfg.policy.name,
+        "switches": len(engine.switches),
+        "switch_overhead_s": _overhead_summary(engine.switch_overheads()),
     }
+
+
+def _overhead_summary(overheads: list[float]) -> dict[str, float] | None:
+    if not overheads:
+        return None
+    ordered = sorted(overheads)
+    return {"median": round(ordered[len(ordered) // 2], 4), "max": round(ordered[-1], 4)}

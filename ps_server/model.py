@@ -136,7 +136,7 @@ class ModelStore:
         self.buffers: BufferPool | None = None
         self.version = 0  # the newest version: its update may still be in the applier's queue
         self._latest: Snapshot | None = None
-        self._queue: queue.SimpleQueue[_Update] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Update | Callable[[Optimizer], None]] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
         threading.Thread(target=self._apply_loop, name="switchps-applier", daemon=True).start()
@@ -168,10 +168,17 @@ class ModelStore:
         with self.lock:
             self.version += 1
             snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes)
+        self._enqueue(_Update(grad_sum, samples, lr_factor, snap, on_applied))
+        return snap
+
+    def control(self, change: Callable[[Optimizer], None]) -> None:
+        """Change the optimizer (learning-rate scale, state) between the updates queued before and after."""
+        self._enqueue(change)
+
+    def _enqueue(self, item: "_Update | Callable[[Optimizer], None]") -> None:
         with self._idle:
             self._pending += 1
-        self._queue.put(_Update(grad_sum, samples, lr_factor, snap, on_applied))
-        return snap
+        self._queue.put(item)
 
     def snapshot(self) -> Snapshot:
         """The newest version's snapshot (possibly still being published)."""
@@ -187,10 +194,14 @@ class ModelStore:
         while True:
             u = self._queue.get()
             try:
-                self._apply(u)
+                if isinstance(u, _Update):
+                    self._apply(u)
+                else:
+                    u(self.optimizer)
             except BaseException as e:  # surfaced to every reader of that version
-                log.exception("applying version %d failed", u.snapshot.version)
-                u.snapshot.fail(e)
+                log.exception("applier: %s failed", u)
+                if isinstance(u, _Update):
+                    u.snapshot.fail(e)
             finally:
                 with self._idle:
                     self._pending -= 1

@@ -148,6 +148,7 @@ class ParameterServer:
                                factor=stats.delay_factor or 1.0, comm_s=stats.delay_comm_s)
         if stats.batch_exhausted:
             self.rec.count("batch_exhausted")
+        self.engine.observe_step(p.worker, stats, p.samples)
 
     def push_small(self, frame: bytes, ctx: grpc.ServicerContext) -> bytes:
         """A push whose payload and reply each fit in one frame (models up to INLINE_BYTES)."""
@@ -156,7 +157,7 @@ class ParameterServer:
 
     def _reply(self, reply: pb.PushReply, snapshot: Snapshot | None, worker: int) -> Iterator[bytes]:
         """Reply frames: the header with the next work order, then the parameters (unless stopping)."""
-        reply.order.CopyFrom(self.engine.work_order())
+        reply.order.CopyFrom(self.engine.work_order(worker))
         if reply.order.stop:
             self.told_stop.add(worker)
             snapshot = None

@@ -13,6 +13,11 @@ the SSP clocks; the model store's own lock covers only the apply itself.
 - **ASP**: every push is applied on arrival (optionally with lr/(1+τ)).
 - **SSP(s)**: applied on arrival; the pusher's reply is held while its clock
   is more than ``s`` ahead of the slowest active worker's.
+
+``switch`` changes the protocol and its parameters live. Leaving a round-based
+protocol, the round in flight completes first; entering one, gradients still
+in flight from asynchronous work orders join the first round with their
+staleness recorded. Nothing is lost or applied twice.
 """
 
 from __future__ import annotations
@@ -20,13 +25,18 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from switchps.config import ProtocolSpec, TrainSpec
+from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.model import ModelStore, Snapshot
+from switchps.ps_server.optimizers import Optimizer
 from switchps.ps_server.records import RunRecorder
+
+if TYPE_CHECKING:
+    from switchps.ps_server.controller import Controller
 
 
 @dataclass
@@ -56,11 +66,22 @@ class _Round:
     started: float
     acc: np.ndarray | None = None
     members: list[Push] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SwitchRecord:
+    """One live change of protocol, for the switch-overhead figure."""
+
+    decided_at: float
+    to: str
+    first_update_at: float | None = None
 
 
 class SyncEngine:
     def __init__(self, store: ModelStore, recorder: RunRecorder, protocol: ProtocolSpec,
-                 train: TrainSpec, num_workers: int, startup_timeout_s: float = 120.0) -> None:
+                 train: TrainSpec, num_workers: int, startup_timeout_s: float = 120.0,
+                 on_switch: SwitchSpec | None = None) -> None:
         self.store = store
         self.rec = recorder
         self.protocol = protocol
@@ -77,6 +98,14 @@ class SyncEngine:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self._round: _Round | None = None
+        self.on_switch = on_switch or SwitchSpec()
+        self.batches: dict[int, int] = {}        # per-worker sample budgets (dynamic batching)
+        self.excluded: set[int] = set()          # out of the barrier (elastic)
+        self._joins_stale: set[int] = set()      # next push joins the round whatever its base version
+        self._pending: tuple[ProtocolSpec, str, str, float] | None = None
+        self.switches: list[SwitchRecord] = []
+        self.update_times: list[tuple[float, str]] = []
+        self.controller: Controller | None = None
 
     # ---- membership and lifecycle ---------------------------------------------------------
 
@@ -106,6 +135,8 @@ class SyncEngine:
                     self.started_at = now
                     self.rec.start(now)
                     self.rec.event("training_started", workers=sorted(self.registered))
+                    if self.controller is not None:  # e.g. a schedule's first phase is in force from step 0
+                        self.controller.consult()
                     self.cond.notify_all()
                     break
                 if now >= deadline:
@@ -154,11 +185,81 @@ class SyncEngine:
         with self.cond:
             self._check_finished()
 
-    def work_order(self) -> pb.WorkOrder:
+    def budget(self, worker: int) -> int:
         p = self.protocol
-        return pb.WorkOrder(protocol=p.name, version=self.store.version, sample_budget=p.sample_budget,
-                            time_budget_s=p.step_time_budget_s, micro_batch=p.effective_micro_batch,
+        return p.sample_budget if p.name == "amb" else self.batches.get(worker, p.batch)
+
+    def work_order(self, worker: int = -1) -> pb.WorkOrder:
+        p = self.protocol
+        budget = self.budget(worker)
+        return pb.WorkOrder(protocol=p.name, version=self.store.version, sample_budget=budget,
+                            time_budget_s=p.step_time_budget_s, micro_batch=min(p.effective_micro_batch, budget),
                             stop=self.done)
+
+    # ---- live reconfiguration -------------------------------------------------------------
+
+    def switch(self, new: ProtocolSpec, reason: str, policy: str) -> None:
+        """Change protocol or parameters live (engine lock held by the caller)."""
+        if new == self.protocol:
+            return
+        if self.protocol.synchronous and self._round is not None and self._round.members:
+            self._pending = (new, reason, policy, time.monotonic())  # the round in flight completes first
+            return
+        self._switch_now(new, reason, policy, time.monotonic())
+
+    def _switch_now(self, new: ProtocolSpec, reason: str, policy: str, decided_at: float) -> None:
+        old, self._pending = self.protocol, None
+        lr_factor = self._lr_factor(old, new)
+        self.protocol = new
+        if new.synchronous and not old.synchronous:
+            self._joins_stale = set(self.active)  # their in-flight async gradients join the first round
+        if new.name == "ssp" and old.name != "ssp":
+            self.clocks = dict.fromkeys(self.clocks, 0)
+        state = self.on_switch.optimizer_state if old.name != new.name else "keep"
+        self.store.control(lambda opt: _adjust_optimizer(opt, lr_factor, state, self.on_switch.state_scale))
+        if old.name != new.name:
+            self.switches.append(SwitchRecord(decided_at, new.name))
+        self.rec.event("switch" if old.name != new.name else "reconfigure", version=self.store.version,
+                       reason=reason, policy=policy, lr_factor=lr_factor,
+                       **{"from": old.name, "to": new.name},
+                       changed={k: v for k, v in new.model_dump().items() if old.model_dump()[k] != v})
+        self.cond.notify_all()
+
+    def effective_batch(self, spec: ProtocolSpec) -> float:
+        """Samples per update: the sum over the barrier for round-based protocols, one worker's for async."""
+        budgets = [spec.batch if spec.name == "amb" else self.batches.get(w, spec.batch)
+                   for w in self.active - self.excluded] or [spec.batch]
+        return sum(budgets) if spec.synchronous else sum(budgets) / len(budgets)
+
+    def _lr_factor(self, old: ProtocolSpec, new: ProtocolSpec) -> float:
+        ratio = self.effective_batch(new) / self.effective_batch(old)
+        rule = self.on_switch.lr
+        if rule == "keep" or ratio == 1.0:
+            return 1.0
+        if rule == "linear":
+            return ratio
+        return float(rule) if ratio > 1.0 else 1.0 / float(rule)
+
+    def set_batches(self, batches: dict[int, int], reason: str, policy: str) -> None:
+        self.batches.update(batches)
+        self.rec.event("batches", version=self.store.version, reason=reason, policy=policy,
+                       batches={str(w): b for w, b in sorted(self.batches.items())})
+
+    def exclude(self, workers: frozenset[int], reason: str, policy: str) -> None:
+        for w in sorted(workers - self.excluded):
+            self.excluded.add(w)
+            self.rec.event("worker_excluded", worker=w, version=self.store.version, reason=reason, policy=policy)
+        self._maybe_complete()
+
+    def readmit(self, workers: frozenset[int], reason: str, policy: str) -> None:
+        for w in sorted(workers & self.excluded):
+            self.excluded.discard(w)
+            self.rec.event("worker_readmitted", worker=w, version=self.store.version, reason=reason, policy=policy)
+
+    def observe_step(self, worker: int, stats: pb.StepStats, samples: int) -> None:
+        if self.controller is not None:
+            with self.cond:
+                self.controller.observe(worker, stats, samples)
 
     # ---- pushes ---------------------------------------------------------------------------
 
@@ -206,14 +307,21 @@ class SyncEngine:
         self.store.submit(grad, samples, lr_factor, on_applied=lambda lr: self._record_update(
             version, lr, protocol, members, staleness, wait_s, budget))
         self.samples_applied += samples
+        now = time.monotonic()
+        self.update_times.append((now, protocol))
+        for sw in self.switches:
+            if sw.first_update_at is None and sw.to == protocol:
+                sw.first_update_at = now
         self._check_finished()
+        if self.controller is not None and not self.done:
+            self.controller.after_update()
         self.cond.notify_all()
 
     def _hold_ssp(self, worker: int) -> float:
         """Hold a worker while it is more than s clocks ahead of the slowest active worker."""
         t0 = time.monotonic()
         s = self.protocol.staleness
-        while not self.done and worker in self.active:
+        while not self.done and worker in self.active and self.protocol.name == "ssp":
             laggards = [w for w in self.active if self.clocks[worker] - self.clocks[w] > s]
             if not laggards:
                 break
@@ -226,8 +334,12 @@ class SyncEngine:
 
     def _push_round(self, p: Push) -> Outcome:
         """BSP, AMB and FMB: join the current round and wait for it to complete."""
-        if p.base_version != self.store.version:
-            reason = "backup" if self.protocol.backup_workers else "late"
+        staleness = self.store.version - p.base_version
+        joins_stale = p.worker in self._joins_stale or (p.worker in self.excluded and self.on_switch.stale == "use")
+        self._joins_stale.discard(p.worker)
+        if staleness and not joins_stale:
+            reason = "excluded_stale" if p.worker in self.excluded else \
+                "backup" if self.protocol.backup_workers else "late"
             return self._drop(p, reason)
         r = self._round
         if r is None or r.version != self.store.version:
@@ -240,25 +352,34 @@ class SyncEngine:
             np.add(r.acc, p.grad, out=r.acc)
             self.store.buffers.put(p.grad)
         r.members.append(p)
+        r.staleness.append(staleness)
         self.rec.count("accepted")
-        if len(r.members) >= self._needed():
-            self._complete(r)
+        self._maybe_complete()
         while self.store.version == r.version and not self.done:
             remaining = r.started + self.protocol.deadline_s - time.monotonic()
             if remaining <= 0:
-                for w in self.active - {m.worker for m in r.members}:
+                for w in self.active - self.excluded - {m.worker for m in r.members}:
                     self._deactivate(w, "bsp_deadline")
                 self._complete(r)
                 break
             self.cond.wait(remaining)
-        return Outcome(applied=True, wait_s=time.monotonic() - p.arrived)
+        return Outcome(applied=True, staleness=staleness, wait_s=time.monotonic() - p.arrived)
 
-    def _needed(self) -> int:
-        return max(1, len(self.active) - self.protocol.backup_workers)
+    def _maybe_complete(self) -> None:
+        """Complete the round once every worker in the barrier (less backups) has pushed."""
+        r = self._round
+        if r is None or not r.members:
+            return
+        required = self.active - self.excluded
+        pushed = {m.worker for m in r.members} & required
+        if len(pushed) >= max(1, len(required) - self.protocol.backup_workers):
+            self._complete(r)
 
     def _complete(self, r: _Round) -> None:
         self._round = None
-        self._submit(r.acc, r.members, [0] * len(r.members), r.started)
+        self._submit(r.acc, r.members, r.staleness, r.started)
+        if self._pending is not None:
+            self._switch_now(*self._pending)
 
     def _record_update(self, version: int, lr: float, protocol: str, members: list[Push], staleness: list[int],
                        wait_s: float, time_budget_s: float) -> None:
@@ -270,3 +391,24 @@ class SyncEngine:
             train_loss=sum(m.loss_sum for m in members) / sum(b),
             b_min=min(b), b_mean=sum(b) / len(b), b_max=max(b), wait_s=wait_s, time_budget_s=time_budget_s or None,
         )
+
+    def switch_overheads(self) -> list[float]:
+        """Per switch: decision to first update under the new protocol, minus one normal update interval."""
+        out = []
+        for sw in self.switches:
+            if sw.first_update_at is None:
+                continue
+            after = [t for t, proto in self.update_times if t >= sw.first_update_at and proto == sw.to][:11]
+            gaps = np.diff(after)
+            normal = float(np.median(gaps)) if len(gaps) else 0.0
+            out.append(max(0.0, sw.first_update_at - sw.decided_at - normal))
+        return out
+
+
+def _adjust_optimizer(opt: Optimizer, lr_factor: float, state: str, state_scale: float) -> None:
+    """Runs on the applier thread, in order with the updates around it."""
+    opt.lr_scale *= lr_factor
+    if state == "reset":
+        opt.reset_state()
+    elif state == "scale":
+        opt.scale_state(state_scale)

@@ -151,6 +151,39 @@ class DeviceSpec(Section):
     (never less than the real compute), so studies with many workers run honestly on 2 cores."""
 
 
+class SwitchSpec(Section):
+    """What a live protocol switch does to the optimizer."""
+
+    lr: Literal["linear", "keep"] | float = "linear"
+    """linear: scale the learning rate by new/old effective batch; keep; or a factor f applied as f when
+    the effective batch grows and 1/f when it shrinks."""
+    optimizer_state: Literal["keep", "reset", "scale"] = "keep"
+    """Momentum/Adam moments at a protocol switch; keeping them is what Sync-Switch found best."""
+    state_scale: float = Field(1.0, ge=0)
+    stale: Literal["use", "drop"] = "use"
+    """Pushes from workers taken out of the barrier (elastic) that arrive stale: join a later round as
+    stale contributions, or are dropped and counted."""
+
+
+class PolicySpec(Section):
+    name: str | None = None
+    """schedule | greedy | elastic | anytime | dynamic_batching | module:Class (None: no policy)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    every_k: int = Field(10, gt=0)
+    """Under ASP/SSP the policy is consulted every k updates (every round otherwise)."""
+    window: int = Field(5, gt=0)
+    """Recent steps per worker in the stats snapshot."""
+    on_switch: SwitchSpec = Field(default_factory=SwitchSpec)
+
+    @model_validator(mode="after")
+    def _builds(self) -> "PolicySpec":
+        if self.name is not None:
+            from switchps.policies.registry import make_policy
+
+            make_policy(self.name, self.kwargs, self.every_k)
+        return self
+
+
 class TrainSpec(Section):
     steps: int | None = Field(None, gt=0)
     """Stop after this many model updates (versions)."""
@@ -205,6 +238,7 @@ class RunConfig(Section):
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     device: DeviceSpec = Field(default_factory=DeviceSpec)
     stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
+    policy: PolicySpec = Field(default_factory=PolicySpec)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

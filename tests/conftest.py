@@ -99,12 +99,14 @@ class LiveCluster:
 
 
 def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: dict | None = None,
-                  train: dict | None = None, optimizer: dict | None = None, chunk_bytes: int | None = None) -> LiveCluster:
+                  train: dict | None = None, optimizer: dict | None = None, chunk_bytes: int | None = None,
+                  policy: dict | None = None) -> LiveCluster:
     raw = {
         "cluster": {"ps": "127.0.0.1:0", "workers": workers, "startup_timeout_s": 5},
         "optimizer": optimizer or {"name": "sgd", "learning_rate": 1.0},
         "protocol": {"name": "bsp", **(protocol or {})},
         "train": train or {"steps": 10_000},
+        "policy": policy or {},
     }
     cfg = parse_config(raw)
     engine = build_engine(cfg, tmp_path)

@@ -1,0 +1,26 @@
+"""Policies by name: the built-ins, or any Policy subclass by import path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from switchps.policies.base import Policy, load_policy_class
+
+BUILTIN = {
+    "schedule": "switchps.policies.schedule:Schedule",
+    "greedy": "switchps.policies.online:Greedy",
+    "elastic": "switchps.policies.online:Elastic",
+    "anytime": "switchps.policies.online:Anytime",
+    "dynamic_batching": "switchps.policies.online:DynamicBatching",
+}
+
+
+def make_policy(name: str, kwargs: dict[str, Any], every_k: int = 10) -> Policy:
+    """Build a policy; bad names or arguments raise ValueError naming them."""
+    cls = load_policy_class(BUILTIN.get(name, name))
+    try:
+        policy = cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{name}: {e}") from None
+    policy.every_k = every_k
+    return policy
