@@ -129,6 +129,14 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0 if result["speedup_time_to_target"] is not None else 1
 
 
+def cmd_tune_switch(args: argparse.Namespace) -> int:
+    from switchps.tune import tune_switch
+
+    cfg = load_config(args.config, args.set)
+    tune_switch(cfg, args.tolerance, args.repeats, args.min_fraction, quiet=args.quiet)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchps", description="Parameter server with switchable synchronization")
     sub = p.add_subparsers(dest="command", required=True)
@@ -159,6 +167,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--target", type=float, default=0.9)
     c.add_argument("--out", default="compare.png")
     c.set_defaults(func=cmd_compare)
+    t = with_config("tune-switch", "search the smallest BSP fraction (BSP, then ASP) that keeps BSP's accuracy")
+    t.add_argument("--tolerance", type=float, default=0.005, help="accuracy loss allowed (0.005 = 0.5 points)")
+    t.add_argument("--repeats", type=int, default=1, help="runs per fraction (their mean accuracy counts)")
+    t.add_argument("--min-fraction", type=float, default=1 / 64, help="stop halving below this")
+    t.add_argument("--quiet", action="store_true")
+    t.set_defaults(func=cmd_tune_switch)
     st = sub.add_parser("study", help="run a packaged study (amb-vs-fmb)")
     st.add_argument("name", choices=["amb-vs-fmb"])
     st.add_argument("--out", help="directory for both runs, the figure and study.json (default runs/amb-vs-fmb)")

@@ -1,0 +1,47 @@
+"""Straggler detection with hysteresis: slow relative to the others, for long enough."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+
+
+@dataclass
+class StragglerDetector:
+    """Flags a worker whose step time exceeds ``threshold`` x the median of the other workers'.
+
+    A worker is detected after ``patience`` consecutive slow observations and
+    recovers after ``patience`` consecutive observations under the threshold.
+    A worker absent from an observation, or alone in it (no others to compare
+    with), keeps its counters unchanged.
+    """
+
+    threshold: float = 1.5
+    patience: int = 3
+    stragglers: set[int] = field(default_factory=set, init=False)
+    _slow: dict[int, int] = field(default_factory=dict, init=False, repr=False)   # consecutive slow
+    _fast: dict[int, int] = field(default_factory=dict, init=False, repr=False)   # consecutive fast
+
+    def __post_init__(self) -> None:
+        if self.threshold <= 0 or self.patience < 1:
+            raise ValueError(f"need threshold > 0 and patience >= 1, got {self.threshold}, {self.patience}")
+
+    def observe(self, step_times: dict[int, float]) -> tuple[set[int], set[int]]:
+        """Feed one observation {worker: recent step time}; return (newly detected, newly recovered)."""
+        detected: set[int] = set()
+        recovered: set[int] = set()
+        if len(step_times) < 2:
+            return detected, recovered
+        for w, t in step_times.items():
+            others = median(v for u, v in step_times.items() if u != w)
+            if t > self.threshold * others:
+                self._slow[w], self._fast[w] = self._slow.get(w, 0) + 1, 0
+                if w not in self.stragglers and self._slow[w] >= self.patience:
+                    detected.add(w)
+            else:
+                self._slow[w], self._fast[w] = 0, self._fast.get(w, 0) + 1
+                if w in self.stragglers and self._fast[w] >= self.patience:
+                    recovered.add(w)
+        self.stragglers |= detected
+        self.stragglers -= recovered
+        return detected, recovered

@@ -1,0 +1,66 @@
+"""The BSP-fraction search: logic on scripted accuracies, and one real two-trial run."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+import yaml
+
+from switchps.config import load_config
+from switchps.tune import hybrid_config, search_fraction, tune_switch
+
+
+def scripted(accuracy_by_fraction: dict[float, float]):
+    calls = []
+
+    def run(f: float) -> tuple[float, float]:
+        calls.append(f)
+        return accuracy_by_fraction[f], 10.0 * f
+
+    return run, calls
+
+
+def test_halves_while_accuracy_holds_and_keeps_the_last_good_fraction():
+    run, calls = scripted({1.0: 0.95, 0.5: 0.949, 0.25: 0.946, 0.125: 0.93})
+    trials, chosen = search_fraction(run, tolerance=0.005)
+    assert calls == [1.0, 0.5, 0.25, 0.125]
+    assert chosen == 0.25
+    assert [t.bsp_fraction for t in trials] == [1.0, 0.5, 0.25, 0.125]
+
+
+def test_bsp_alone_when_even_half_loses_accuracy():
+    run, _ = scripted({1.0: 0.95, 0.5: 0.90})
+    assert search_fraction(run)[1] == 1.0
+
+
+def test_repeats_average_and_min_fraction_stops():
+    results = iter([(0.95, 1), (0.93, 1), (0.951, 1), (0.949, 1), (0.95, 1), (0.95, 1)])
+    trials, chosen = search_fraction(lambda f: next(results), tolerance=0.005, repeats=2, min_fraction=0.25)
+    assert [t.accuracy for t in trials] == pytest.approx([0.94, 0.95, 0.95])
+    assert chosen == 0.25 and len(trials) == 3
+
+
+def test_hybrid_config_is_bsp_then_asp():
+    base = load_config(None)
+    hybrid = hybrid_config(base, 0.125, "x")
+    assert hybrid.protocol.name == "bsp" and hybrid.policy.name == "schedule"
+    assert hybrid.policy.kwargs == {"phases": [{"bsp": 0.125}, {"asp": 0.875}]}
+    assert hybrid_config(base, 1.0, "y").policy.name is None
+
+
+@pytest.mark.integration
+def test_real_two_trial_search(tmp_path):
+    cfg = load_config(Path(str(files("switchps.configs"))) / "bsp.yaml",
+                      [f"output.dir={tmp_path}", "train.epochs=6", "cluster.workers=2"])
+    result = tune_switch(cfg, tolerance=0.05, repeats=1, min_fraction=0.5)
+    out = tmp_path / "tune-switch-bsp"
+    assert [t["bsp_fraction"] for t in result["trials"]] == [1.0, 0.5]
+    assert json.loads((out / "tune_switch.json").read_text())["chosen_bsp_fraction"] == result["chosen_bsp_fraction"]
+    snippet = yaml.safe_load((out / "schedule.yaml").read_text())
+    assert snippet["policy"]["name"] in ("schedule", None)
+    hybrid_run = next(d for d in out.iterdir() if "bsp0.5" in d.name)
+    protocols = [line.split(",")[2] for line in (hybrid_run / "ps.csv").read_text().splitlines()[1:]]
+    assert protocols[0] == "bsp" and protocols[-1] == "asp", "the hybrid switched live"
