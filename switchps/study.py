@@ -142,3 +142,191 @@ def plot_amb_vs_fmb(arms: list[Arm], target: float, path: Path) -> None:
     for ax in (acc, loss, hist):
         ax.legend()
     fig.savefig(path, dpi=110)
+
+
+@dataclass
+class SyncSwitchStudy:
+    """Sync-Switch's setting, shrunk: 8 emulated workers, transient stragglers (2 workers 3x slower for a
+    few seconds at a time), every arm under the same seeded episodes (they are a function of the run
+    seed and wall time since training start, identical across arms)."""
+
+    workers: int = 8
+    batch: int = 16
+    samples_per_s: float = 64.0
+    epochs: float = 12.0
+    bsp_fraction: float = 0.125
+    episode_s: float = 4.0
+    every_s: float = 8.0
+    factor: float = 3.0
+    seed: int = 0
+    out: str = "runs/sync-switch"
+
+    def base(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "cluster": {"workers": self.workers},
+            "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
+            "data": {"name": "digits"},
+            "optimizer": {"name": "momentum", "learning_rate": 0.1},
+            "protocol": {"name": "bsp", "batch": self.batch, "micro_batch": 4},
+            "train": {"epochs": self.epochs},
+            "eval": {"every_s": 1.0},
+            "output": {"dir": self.out},
+            "device": {"samples_per_s": self.samples_per_s},
+            "stragglers": {"transient": {"workers": 2, "factor": self.factor, "duration_s": self.episode_s,
+                                         "every_s": self.every_s}},
+        }
+
+    def arms(self) -> dict[str, dict[str, Any]]:
+        f = self.bsp_fraction
+        detect = {"threshold": 1.5, "patience": 2}
+        return {
+            "bsp": {},
+            "asp": {"protocol": {"name": "asp"}},
+            f"hybrid{f:g}": {"policy": {"name": "schedule", "kwargs": {"phases": [{"bsp": f}, {"asp": 1 - f}]}}},
+            "greedy": {"policy": {"name": "greedy", "kwargs": {"bsp_fraction": f, **detect}}},
+            "elastic": {"policy": {"name": "elastic", "kwargs": detect}},
+            "anytime": {"policy": {"name": "anytime", "kwargs": detect}},
+        }
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def run_sync_switch(study: SyncSwitchStudy, quiet: bool = True) -> dict[str, Any]:
+    """Run every arm; write ``sync_switch.png`` and ``study.json``, print the table."""
+    out = Path(study.out)
+    runs = {}
+    for name, extra in study.arms().items():
+        run_dir, summary = launch(parse_config(_merge({**study.base(), "name": name}, extra)), quiet=quiet)
+        runs[name] = (run_dir, summary)
+    bsp_final = runs["bsp"][1]["final_test_accuracy"]
+    target = bsp_final - 0.005
+    rows = []
+    for name, (run_dir, summary) in runs.items():
+        ev = read_csv(run_dir / "eval.csv")
+        overhead = summary.get("switch_overhead_s") or {}
+        rows.append({"arm": name, "run_dir": str(run_dir), "final_accuracy": summary["final_test_accuracy"],
+                     "time_to_bsp_minus_0.5_s": time_to_target(ev["time_s"], ev["test_accuracy"], target),
+                     "total_time_s": summary["wall_time_s"], "switches": summary["switches"],
+                     "switch_overhead_median_s": overhead.get("median"), "switch_overhead_max_s": overhead.get("max"),
+                     "step_time_s": _median_step_time(run_dir)})
+    bsp_t = rows[0]["time_to_bsp_minus_0.5_s"]
+    for r in rows:
+        t = r["time_to_bsp_minus_0.5_s"]
+        r["speedup_vs_bsp"] = round(bsp_t / t, 3) if bsp_t and t else None
+    result = {"study": "sync-switch", "config": asdict(study), "bsp_final_accuracy": bsp_final,
+              "target": target, "arms": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot_sync_switch(runs, target, out / "sync_switch.png")
+    Console().print(sync_switch_table(rows, target))
+    return result
+
+
+def _median_step_time(run_dir: Path) -> float:
+    ws = read_csv(run_dir / "workers.csv")
+    busy = ws["compute_s"] + ws["sleep_s"]
+    return round(float(np.median(busy)), 4) if len(busy) else 0.0
+
+
+def sync_switch_table(rows: list[dict[str, Any]], target: float) -> Table:
+    t = Table(title=f"Sync-Switch study: time to BSP's final accuracy - 0.5 points ({target:.4f})")
+    for col in ("arm", "final acc", "time to target (s)", "vs BSP", "total time (s)", "switches",
+                "switch overhead median / max (s)", "worker step (s)"):
+        t.add_column(col, justify="right")
+    fmt = lambda v, f: "—" if v is None else format(v, f)  # noqa: E731
+    for r in rows:
+        t.add_row(r["arm"], fmt(r["final_accuracy"], ".4f"), fmt(r["time_to_bsp_minus_0.5_s"], ".1f"),
+                  fmt(r["speedup_vs_bsp"], ".2f"), fmt(r["total_time_s"], ".1f"), str(r["switches"]),
+                  f"{fmt(r['switch_overhead_median_s'], '.3f')} / {fmt(r['switch_overhead_max_s'], '.3f')}",
+                  fmt(r["step_time_s"], ".3f"))
+    return t
+
+
+PROTOCOL_COLORS = {"bsp": "tab:blue", "asp": "tab:orange", "ssp": "tab:green", "amb": "tab:red", "fmb": "tab:purple"}
+
+
+def plot_sync_switch(runs: dict[str, tuple[Path, dict]], target: float, path: Path) -> None:
+    """Accuracy vs time per arm, each with its protocol timeline as a strip underneath."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 7), layout="constrained")
+    acc, strips = fig.subfigures(2, 1, height_ratios=[2.2, 1])
+    ax = acc.subplots()
+    lanes = strips.subplots(len(runs), 1, sharex=True)
+    for lane, (name, (run_dir, _)) in zip(lanes, runs.items()):
+        ev, ps = read_csv(run_dir / "eval.csv"), read_csv(run_dir / "ps.csv")
+        ax.plot(ev["time_s"], ev["test_accuracy"], label=name)
+        times, protos = ps["time_s"], ps["protocol"]
+        start = 0.0
+        for i in range(len(protos)):
+            if i + 1 == len(protos) or protos[i + 1] != protos[i]:
+                end = times[i]
+                lane.axvspan(start, end, color=PROTOCOL_COLORS.get(protos[i], "grey"), alpha=0.6, lw=0)
+                start = end
+        lane.set_yticks([])
+        lane.set_ylabel(name, rotation=0, ha="right", va="center")
+    ax.axhline(target, ls="--", c="grey", lw=0.8)
+    ax.set(xlabel="time (s)", ylabel="test accuracy", ylim=(0.5, 1.0), title="Sync-Switch study: accuracy vs time")
+    ax.legend(ncol=3)
+    lanes[-1].set_xlabel("time (s); protocol in force: " + ", ".join(f"{p}={c.split(':')[1]}"
+                                                                      for p, c in PROTOCOL_COLORS.items()))
+    fig.savefig(path, dpi=110)
+
+
+@dataclass
+class DynamicBatchingStudy:
+    """Tyagi & Sharma's setting, shrunk: BSP with one worker 3x slower, uniform batches vs dynamic batching,
+    both for the same number of epochs."""
+
+    workers: int = 4
+    batch: int = 16
+    samples_per_s: float = 128.0
+    slow_factor: float = 3.0
+    epochs: float = 15.0
+    seed: int = 0
+    out: str = "runs/dynamic-batching"
+
+    def base(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed, "cluster": {"workers": self.workers},
+            "model": {"name": "mlp", "kwargs": {"hidden": [64]}}, "data": {"name": "digits"},
+            "optimizer": {"name": "momentum", "learning_rate": 0.05},
+            "protocol": {"name": "bsp", "batch": self.batch, "micro_batch": 4},
+            "train": {"epochs": self.epochs}, "eval": {"every_s": 1.0}, "output": {"dir": self.out},
+            "device": {"samples_per_s": self.samples_per_s},
+            "stragglers": {"slowdown": {"factors": {0: self.slow_factor}}},
+        }
+
+
+def run_dynamic_batching(study: DynamicBatchingStudy, quiet: bool = True) -> dict[str, Any]:
+    out = Path(study.out)
+    arms = {"uniform": {}, "dynamic": {"policy": {"name": "dynamic_batching", "kwargs": {"every_rounds": 3}}}}
+    rows = []
+    for name, extra in arms.items():
+        run_dir, summary = launch(parse_config(_merge({**study.base(), "name": name}, extra)), quiet=quiet)
+        ws = read_csv(run_dir / "workers.csv")
+        last = {int(w): float(ws["samples"][ws["worker"] == w][-1]) for w in np.unique(ws["worker"])}
+        rows.append({"arm": name, "run_dir": str(run_dir), "wall_time_s": summary["wall_time_s"],
+                     "final_accuracy": summary["final_test_accuracy"], "updates": summary["updates"],
+                     "final_batches": last})
+    u, d = rows
+    result = {"study": "dynamic-batching", "config": asdict(study), "arms": rows,
+              "speedup": round(u["wall_time_s"] / d["wall_time_s"], 3),
+              "accuracy_gap_points": round(100 * (d["final_accuracy"] - u["final_accuracy"]), 2)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
+    t = Table(title=f"Dynamic batching, worker 0 {study.slow_factor:g}x slower, {study.epochs:g} epochs: "
+                    f"{result['speedup']}x sooner")
+    for col in ("arm", "wall time (s)", "final acc", "updates", "final per-worker batches"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["arm"], f"{r['wall_time_s']:.1f}", f"{r['final_accuracy']:.4f}", str(r["updates"]),
+                  " ".join(f"{w}:{b:g}" for w, b in sorted(r["final_batches"].items())))
+    Console().print(t)
+    return result
