@@ -25,6 +25,23 @@ from switchps.plots import read_csv, time_to_target
 from switchps.worker.stragglers import MixtureSpec, expected_mixture_mean
 
 
+def emulated_digits(seed: int, workers: int, samples_per_s: float, out: str, lr: float, train: dict[str, Any],
+                    **sections: dict[str, Any]) -> dict[str, Any]:
+    """The config every packaged study starts from: an MLP on digits with emulated workers."""
+    return _merge({
+        "seed": seed, "cluster": {"workers": workers}, "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
+        "data": {"name": "digits"}, "optimizer": {"name": "momentum", "learning_rate": lr}, "train": train,
+        "eval": {"every_s": 1.0}, "output": {"dir": out}, "device": {"samples_per_s": samples_per_s},
+    }, sections)
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 @dataclass
 class AmbStudy:
     """Defaults: C = batch / samples_per_s = 1 s of emulated compute per FMB step, with niagara's
@@ -43,17 +60,8 @@ class AmbStudy:
     out: str = "runs/amb-vs-fmb"
 
     def base(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "cluster": {"workers": self.workers},
-            "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
-            "data": {"name": "digits"},
-            "optimizer": {"name": "momentum", "learning_rate": 0.05},
-            "train": {"steps": self.steps},
-            "eval": {"every_s": 1.0, "target_accuracy": self.target},
-            "output": {"dir": self.out},
-            "device": {"samples_per_s": self.samples_per_s},
-        }
+        return emulated_digits(self.seed, self.workers, self.samples_per_s, self.out, lr=0.05,
+                               train={"steps": self.steps}, eval={"target_accuracy": self.target})
 
     @property
     def mixture(self) -> dict[str, Any]:
@@ -162,20 +170,11 @@ class SyncSwitchStudy:
     out: str = "runs/sync-switch"
 
     def base(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "cluster": {"workers": self.workers},
-            "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
-            "data": {"name": "digits"},
-            "optimizer": {"name": "momentum", "learning_rate": 0.1},
-            "protocol": {"name": "bsp", "batch": self.batch, "micro_batch": 4},
-            "train": {"epochs": self.epochs},
-            "eval": {"every_s": 1.0},
-            "output": {"dir": self.out},
-            "device": {"samples_per_s": self.samples_per_s},
-            "stragglers": {"transient": {"workers": 2, "factor": self.factor, "duration_s": self.episode_s,
-                                         "every_s": self.every_s}},
-        }
+        return emulated_digits(
+            self.seed, self.workers, self.samples_per_s, self.out, lr=0.1, train={"epochs": self.epochs},
+            protocol={"name": "bsp", "batch": self.batch, "micro_batch": 4},
+            stragglers={"transient": {"workers": 2, "factor": self.factor, "duration_s": self.episode_s,
+                                      "every_s": self.every_s}})
 
     def arms(self) -> dict[str, dict[str, Any]]:
         f = self.bsp_fraction
@@ -188,13 +187,6 @@ class SyncSwitchStudy:
             "elastic": {"policy": {"name": "elastic", "kwargs": detect}},
             "anytime": {"policy": {"name": "anytime", "kwargs": detect}},
         }
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def run_sync_switch(study: SyncSwitchStudy, quiet: bool = True) -> dict[str, Any]:
@@ -293,15 +285,10 @@ class DynamicBatchingStudy:
     out: str = "runs/dynamic-batching"
 
     def base(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed, "cluster": {"workers": self.workers},
-            "model": {"name": "mlp", "kwargs": {"hidden": [64]}}, "data": {"name": "digits"},
-            "optimizer": {"name": "momentum", "learning_rate": 0.05},
-            "protocol": {"name": "bsp", "batch": self.batch, "micro_batch": 4},
-            "train": {"epochs": self.epochs}, "eval": {"every_s": 1.0}, "output": {"dir": self.out},
-            "device": {"samples_per_s": self.samples_per_s},
-            "stragglers": {"slowdown": {"factors": {0: self.slow_factor}}},
-        }
+        return emulated_digits(
+            self.seed, self.workers, self.samples_per_s, self.out, lr=0.05, train={"epochs": self.epochs},
+            protocol={"name": "bsp", "batch": self.batch, "micro_batch": 4},
+            stragglers={"slowdown": {"factors": {0: self.slow_factor}}})
 
 
 def run_dynamic_batching(study: DynamicBatchingStudy, quiet: bool = True) -> dict[str, Any]:
