@@ -124,7 +124,7 @@ class _Run:
         return cls(
             run_dir=run_dir,
             name=str(summary.get("name") or config_name or run_dir.name),
-            protocol=str(summary.get("protocol") or "→".join(phases) or "?"),
+            protocol="→".join(phases) if len(phases) > 1 else str(summary.get("protocol") or "".join(phases) or "?"),
             summary=summary,
             ps=ps,
             workers=read_csv(run_dir / "workers.csv"),
