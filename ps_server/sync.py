@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -105,6 +106,7 @@ class SyncEngine:
         self._pending: tuple[ProtocolSpec, str, str, float] | None = None
         self.switches: list[SwitchRecord] = []
         self.update_times: list[tuple[float, str]] = []
+        self.step_times: deque[float] = deque(maxlen=256)  # recent worker steps (compute + injected delay)
         self.controller: Controller | None = None
 
     # ---- membership and lifecycle ---------------------------------------------------------
@@ -257,8 +259,9 @@ class SyncEngine:
             self.rec.event("worker_readmitted", worker=w, version=self.store.version, reason=reason, policy=policy)
 
     def observe_step(self, worker: int, stats: pb.StepStats, samples: int) -> None:
-        if self.controller is not None:
-            with self.cond:
+        with self.cond:
+            self.step_times.append(stats.compute_s + stats.sleep_s)
+            if self.controller is not None:
                 self.controller.observe(worker, stats, samples)
 
     # ---- pushes ---------------------------------------------------------------------------
@@ -393,16 +396,24 @@ class SyncEngine:
         )
 
     def switch_overheads(self) -> list[float]:
-        """Per switch: decision to first update under the new protocol, minus one normal update interval."""
-        out = []
-        for sw in self.switches:
-            if sw.first_update_at is None:
-                continue
-            after = [t for t, proto in self.update_times if t >= sw.first_update_at and proto == sw.to][:11]
-            gaps = np.diff(after)
-            normal = float(np.median(gaps)) if len(gaps) else 0.0
-            out.append(max(0.0, sw.first_update_at - sw.decided_at - normal))
-        return out
+        step_s = float(np.median(self.step_times)) if self.step_times else 0.0
+        return switch_overheads(self.switches, self.update_times, step_s)
+
+
+def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[float, str]], step_s: float) -> list[float]:
+    """Per switch: decision to the first update under the new protocol, minus one normal step.
+
+    A normal step is the longer of a worker's median step (no update can follow a decision sooner
+    than one gradient computation) and the median interval between updates under the new protocol.
+    """
+    out = []
+    for sw in switches:
+        if sw.first_update_at is None:
+            continue
+        after = [t for t, proto in update_times if t >= sw.first_update_at and proto == sw.to][:11]
+        interval = float(np.median(np.diff(after))) if len(after) > 1 else 0.0
+        out.append(max(0.0, sw.first_update_at - sw.decided_at - max(step_s, interval)))
+    return out
 
 
 def _adjust_optimizer(opt: Optimizer, lr_factor: float, state: str, state_scale: float) -> None:

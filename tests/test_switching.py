@@ -149,3 +149,17 @@ def test_per_worker_batches_reach_the_work_orders(cluster_factory):
     r = [w.push_async(np.ones(2, G), 8) for w in c.workers]
     orders = [x.result().order for x in r]
     assert [o.sample_budget for o in orders] == [12, 4]
+
+
+def test_switch_overhead_subtracts_one_normal_step():
+    from switchps.ps_server.sync import SwitchRecord, switch_overheads
+
+    # decided at 10.0; under ASP updates then come every 0.05 s, but a worker step takes 0.25 s
+    asp = SwitchRecord(decided_at=10.0, to="asp", first_update_at=10.27)
+    updates = [(10.27 + 0.05 * i, "asp") for i in range(12)]
+    assert switch_overheads([asp], updates, step_s=0.25) == [pytest.approx(0.02)]
+    # into BSP, a round (0.6 s) is longer than a worker step: that is the normal step
+    bsp = SwitchRecord(decided_at=20.0, to="bsp", first_update_at=20.7)
+    rounds = [(20.7 + 0.6 * i, "bsp") for i in range(5)]
+    assert switch_overheads([bsp], rounds, step_s=0.25) == [pytest.approx(0.1)]
+    assert switch_overheads([SwitchRecord(1.0, "asp")], [], 0.25) == [], "no update yet: nothing to report"
