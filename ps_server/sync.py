@@ -221,10 +221,11 @@ class SyncEngine:
         self.store.control(lambda opt: _adjust_optimizer(opt, lr_factor, state, self.on_switch.state_scale))
         if old.name != new.name:
             self.switches.append(SwitchRecord(decided_at, new.name))
+        before = old.model_dump()
         self.rec.event("switch" if old.name != new.name else "reconfigure", version=self.store.version,
                        reason=reason, policy=policy, lr_factor=lr_factor,
                        **{"from": old.name, "to": new.name},
-                       changed={k: v for k, v in new.model_dump().items() if old.model_dump()[k] != v})
+                       changed={k: v for k, v in new.model_dump().items() if before[k] != v})
         self.cond.notify_all()
 
     def effective_batch(self, spec: ProtocolSpec) -> float:
@@ -259,9 +260,9 @@ class SyncEngine:
             self.rec.event("worker_readmitted", worker=w, version=self.store.version, reason=reason, policy=policy)
 
     def observe_step(self, worker: int, stats: pb.StepStats, samples: int) -> None:
-        with self.cond:
-            self.step_times.append(stats.compute_s + stats.sleep_s)
-            if self.controller is not None:
+        self.step_times.append(stats.compute_s + stats.sleep_s)  # deque.append is thread-safe: no lock
+        if self.controller is not None:
+            with self.cond:
                 self.controller.observe(worker, stats, samples)
 
     # ---- pushes ---------------------------------------------------------------------------
