@@ -12,8 +12,9 @@ from prometheus_client import start_http_server
 from switchps.config import RunConfig
 from switchps.policies.registry import make_policy
 from switchps.ps_server.controller import Controller
+from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore
-from switchps.ps_server.optimizers import make_optimizer, make_schedule
+from switchps.ps_server.optimizers import configured_momentum, make_optimizer, make_schedule
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.service import ParameterServer, start_server, wait_until
 from switchps.ps_server.sync import SyncEngine
@@ -32,7 +33,8 @@ def optimizer_factory(cfg: RunConfig):
 def build_engine(cfg: RunConfig, run_dir: Path) -> SyncEngine:
     store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes)
     engine = SyncEngine(store, RunRecorder(run_dir, trace=cfg.stragglers.active), cfg.protocol, cfg.train,
-                        cfg.cluster.num_workers, cfg.cluster.startup_timeout_s, cfg.policy.on_switch)
+                        cfg.cluster.num_workers, cfg.cluster.startup_timeout_s, cfg.policy.on_switch,
+                        configured_momentum(cfg.optimizer.name, cfg.optimizer.params))
     if cfg.policy.name:
         policy = make_policy(cfg.policy.name, cfg.policy.kwargs, cfg.policy.every_k)
         engine.controller = Controller(engine, policy, cfg.policy.window)
@@ -44,7 +46,8 @@ def run_ps(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(cfg.dump())
     engine = build_engine(cfg, run_dir)
-    ps = ParameterServer(engine, cfg.cluster.num_workers)
+    link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
+    ps = ParameterServer(engine, cfg.cluster.num_workers, link)
     server, port, health = start_server(ps, cfg.cluster.ps, max_workers=2 * cfg.cluster.num_workers + 8)
     if cfg.runtime.metrics_port is not None:
         start_http_server(cfg.runtime.metrics_port)
@@ -79,6 +82,7 @@ def _summary(cfg: RunConfig, engine: SyncEngine, ps: ParameterServer) -> dict[st
         "worker_utilization": round(sum(engine.rec.busy_s.values()) / (wall * cfg.cluster.num_workers), 4)
         if wall > 0 else None,
         "emulated_device": cfg.device.model_dump() if cfg.device.samples_per_s else None,
+        "emulated_link": ps.link.summary(wall) if ps.link else None,
         "stragglers": cfg.stragglers.model_dump(exclude_none=True) or None,
         "final_eval_reported": ps.final_eval_done,
         "workers_not_told_stop": sorted(set(engine.registered) - ps.told_stop),

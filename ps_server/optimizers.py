@@ -480,6 +480,16 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
 }
 
 
+def asynchrony_momentum(momentum: float, workers: int) -> float:
+    """Explicit momentum that, with the implicit 1 - 1/N of N asynchronous workers, adds up to ``momentum``."""
+    return max(0.0, momentum - (1.0 - 1.0 / workers))
+
+
+def configured_momentum(name: str, hyper: dict[str, float]) -> float:
+    """The momentum an optimizer named ``name`` runs with (0 for those without one)."""
+    return hyper.get("momentum", OPTIMIZERS[name].defaults.get("momentum", 0.0))
+
+
 def make_optimizer(name: str, size: int, schedule: Schedule, **hyper: float) -> Optimizer:
     """Instantiate ``OPTIMIZERS[name]``; unknown names or hyper-parameters raise ``ValueError``."""
     if name not in OPTIMIZERS:

@@ -20,6 +20,7 @@ from prometheus_client import Counter, Gauge
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import FrameError, decode_header, encode, grpc_options, receive_into, tune_allocator
+from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import Snapshot, layout_size
 from switchps.ps_server.sync import Push, SyncEngine
 
@@ -39,8 +40,9 @@ class Rejected(Exception):
 class ParameterServer:
     """Implements the RPCs on top of a ``SyncEngine``."""
 
-    def __init__(self, engine: SyncEngine, num_workers: int) -> None:
+    def __init__(self, engine: SyncEngine, num_workers: int, link: DuplexLink | None = None) -> None:
         self.engine = engine
+        self.link = link  # the emulated PS link (network.ps_link_mbit_s), if any
         self.store = engine.store
         self.rec = engine.rec
         self.num_workers = num_workers
@@ -130,6 +132,8 @@ class ParameterServer:
             self._reject(ctx, Rejected(grpc.StatusCode.INVALID_ARGUMENT, "malformed", str(e)))
         except Rejected as r:
             self._reject(ctx, r)
+        if self.link is not None:
+            self.link.inbound.transfer(self.store.nbytes)
         self._record_step(p, stats)
         outcome = self.engine.push(p)
         PUSHES.labels("applied" if outcome.applied else "dropped").inc()
@@ -163,6 +167,8 @@ class ParameterServer:
             snapshot = None
         if snapshot is None:
             return encode(reply)
+        if self.link is not None and worker >= 0:
+            self.link.outbound.transfer(snapshot.nbytes)
         reply.order.version, reply.nbytes = snapshot.version, snapshot.nbytes
         return encode(reply, snapshot.chunks(), snapshot.nbytes)
 

@@ -33,7 +33,7 @@ import numpy as np
 from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.model import ModelStore, Snapshot
-from switchps.ps_server.optimizers import Optimizer
+from switchps.ps_server.optimizers import Optimizer, asynchrony_momentum
 from switchps.ps_server.records import RunRecorder
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class SwitchRecord:
 class SyncEngine:
     def __init__(self, store: ModelStore, recorder: RunRecorder, protocol: ProtocolSpec,
                  train: TrainSpec, num_workers: int, startup_timeout_s: float = 120.0,
-                 on_switch: SwitchSpec | None = None) -> None:
+                 on_switch: SwitchSpec | None = None, momentum: float = 0.0) -> None:
         self.store = store
         self.rec = recorder
         self.protocol = protocol
@@ -100,13 +100,14 @@ class SyncEngine:
         self.finished_at: float | None = None
         self._round: _Round | None = None
         self.on_switch = on_switch or SwitchSpec()
+        self.configured_momentum = self.momentum = momentum
         self.batches: dict[int, int] = {}        # per-worker sample budgets (dynamic batching)
         self.excluded: set[int] = set()          # out of the barrier (elastic)
         self._joins_stale: set[int] = set()      # next push joins the round whatever its base version
         self._pending: tuple[ProtocolSpec, str, str, float] | None = None
         self.switches: list[SwitchRecord] = []
         self.update_times: list[tuple[float, str]] = []
-        self.step_times: deque[float] = deque(maxlen=256)  # recent worker steps (compute + injected delay)
+        self.step_times: deque[float] = deque(maxlen=256)  # recent worker steps, barrier waits excluded
         self.controller: Controller | None = None
 
     # ---- membership and lifecycle ---------------------------------------------------------
@@ -217,13 +218,18 @@ class SyncEngine:
             self._joins_stale = set(self.active)  # their in-flight async gradients join the first round
         if new.name == "ssp" and old.name != "ssp":
             self.clocks = dict.fromkeys(self.clocks, 0)
+        momentum = self._momentum(old, new)
+        if momentum is not None:
+            lr_factor *= (1.0 - momentum) / (1.0 - self.momentum)
+            self.momentum = momentum
         state = self.on_switch.optimizer_state if old.name != new.name else "keep"
-        self.store.control(lambda opt: _adjust_optimizer(opt, lr_factor, state, self.on_switch.state_scale))
+        self.store.control(lambda opt: _adjust_optimizer(opt, lr_factor, state, self.on_switch.state_scale,
+                                                          momentum))
         if old.name != new.name:
             self.switches.append(SwitchRecord(decided_at, new.name))
         before = old.model_dump()
         self.rec.event("switch" if old.name != new.name else "reconfigure", version=self.store.version,
-                       reason=reason, policy=policy, lr_factor=lr_factor,
+                       reason=reason, policy=policy, lr_factor=lr_factor, momentum=self.momentum,
                        **{"from": old.name, "to": new.name},
                        changed={k: v for k, v in new.model_dump().items() if before[k] != v})
         self.cond.notify_all()
@@ -243,6 +249,14 @@ class SyncEngine:
             return ratio
         return float(rule) if ratio > 1.0 else 1.0 / float(rule)
 
+    def _momentum(self, old: ProtocolSpec, new: ProtocolSpec) -> float | None:
+        """The momentum under ``new`` when ``on_switch.momentum`` is asynchrony and synchrony changes, else None."""
+        if self.on_switch.momentum == "keep" or not self.configured_momentum or old.synchronous == new.synchronous:
+            return None
+        if new.synchronous:
+            return self.configured_momentum
+        return asynchrony_momentum(self.configured_momentum, max(1, len(self.active - self.excluded)))
+
     def set_batches(self, batches: dict[int, int], reason: str, policy: str) -> None:
         self.batches.update(batches)
         self.rec.event("batches", version=self.store.version, reason=reason, policy=policy,
@@ -260,7 +274,8 @@ class SyncEngine:
             self.rec.event("worker_readmitted", worker=w, version=self.store.version, reason=reason, policy=policy)
 
     def observe_step(self, worker: int, stats: pb.StepStats, samples: int) -> None:
-        self.step_times.append(stats.compute_s + stats.sleep_s)  # deque.append is thread-safe: no lock
+        # compute, injected delay and communication, without waiting at a barrier (the last push's reply)
+        self.step_times.append(stats.compute_s + stats.sleep_s + max(0.0, stats.send_s - stats.wait_s))
         if self.controller is not None:
             with self.cond:
                 self.controller.observe(worker, stats, samples)
@@ -404,8 +419,9 @@ class SyncEngine:
 def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[float, str]], step_s: float) -> list[float]:
     """Per switch: decision to the first update under the new protocol, minus one normal step.
 
-    A normal step is the longer of a worker's median step (no update can follow a decision sooner
-    than one gradient computation) and the median interval between updates under the new protocol.
+    A normal step is the longer of a worker's median step (compute and communication, without barrier
+    waits: no update can follow a decision sooner than one gradient computed and sent) and the median
+    interval between updates under the new protocol.
     """
     out = []
     for sw in switches:
@@ -417,9 +433,12 @@ def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[floa
     return out
 
 
-def _adjust_optimizer(opt: Optimizer, lr_factor: float, state: str, state_scale: float) -> None:
+def _adjust_optimizer(opt: Optimizer, lr_factor: float, state: str, state_scale: float,
+                      momentum: float | None) -> None:
     """Runs on the applier thread, in order with the updates around it."""
     opt.lr_scale *= lr_factor
+    if momentum is not None:
+        opt.hyper["momentum"] = momentum
     if state == "reset":
         opt.reset_state()
     elif state == "scale":

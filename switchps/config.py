@@ -151,6 +151,13 @@ class DeviceSpec(Section):
     (never less than the real compute), so studies with many workers run honestly on 2 cores."""
 
 
+class NetworkSpec(Section):
+    ps_link_mbit_s: float | None = Field(None, gt=0)
+    """Emulate the PS's network link at this rate (full duplex): workers' pushes queue on its inbound
+    side and the parameters sent back on its outbound side, so a BSP round's N simultaneous transfers
+    take N times one. Loopback alone makes communication nearly free."""
+
+
 class SwitchSpec(Section):
     """What a live protocol switch does to the optimizer."""
 
@@ -160,6 +167,10 @@ class SwitchSpec(Section):
     optimizer_state: Literal["keep", "reset", "scale"] = "keep"
     """Momentum/Adam moments at a protocol switch; keeping them is what Sync-Switch found best."""
     state_scale: float = Field(1.0, ge=0)
+    momentum: Literal["keep", "asynchrony"] = "keep"
+    """asynchrony: entering ASP/SSP with N workers, lower the momentum by the 1 - 1/N that asynchrony itself
+    adds (Mitliagkas et al., "Asynchrony begets momentum", 2016) and raise the learning rate so that
+    lr / (1 - momentum) is unchanged; a round-based protocol gets the configured momentum back."""
     stale: Literal["use", "drop"] = "use"
     """Pushes from workers taken out of the barrier (elastic) that arrive stale: join a later round as
     stale contributions, or are dropped and counted."""
@@ -237,6 +248,7 @@ class RunConfig(Section):
     output: OutputSpec = Field(default_factory=OutputSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     device: DeviceSpec = Field(default_factory=DeviceSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
     stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
 

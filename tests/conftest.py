@@ -13,6 +13,7 @@ import pytest
 
 from switchps.config import parse_config
 from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.main import build_engine
 from switchps.ps_server.model import make_layout
 from switchps.ps_server.service import ParameterServer, start_server
@@ -100,7 +101,7 @@ class LiveCluster:
 
 def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: dict | None = None,
                   train: dict | None = None, optimizer: dict | None = None, chunk_bytes: int | None = None,
-                  policy: dict | None = None) -> LiveCluster:
+                  policy: dict | None = None, link_mbit_s: float | None = None) -> LiveCluster:
     raw = {
         "cluster": {"ps": "127.0.0.1:0", "workers": workers, "startup_timeout_s": 5},
         "optimizer": optimizer or {"name": "sgd", "learning_rate": 1.0},
@@ -112,7 +113,7 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
     engine = build_engine(cfg, tmp_path)
     if chunk_bytes:
         engine.store.chunk_bytes = chunk_bytes
-    ps = ParameterServer(engine, workers)
+    ps = ParameterServer(engine, workers, DuplexLink(link_mbit_s) if link_mbit_s else None)
     server, port, _ = start_server(ps, "127.0.0.1:0", max_workers=2 * workers + 8)
     address = f"127.0.0.1:{port}"
     layout = make_layout([("w", (size,))])

@@ -24,6 +24,7 @@ EXAMPLES = sorted(Path(str(files("switchps.configs"))).glob("*.yaml"))
     ("optimizer: {name: sgd, learning_rate: fast}", "optimizer.learning_rate"),
     ("cluster: {workers: 0}", "cluster.workers"),
     ("cluster: {ps: nowhere}", "cluster.ps"),
+    ("network: {ps_link_mbit_s: 0}", "network.ps_link_mbit_s"),
     ("train: {steps: 10, epochs: 2}", "train: give exactly one of steps, epochs, seconds"),
     ("data: {name: npz}", "data: path is required"),
     ("cluster: {workers: 2}\nprotocol: {backup_workers: 2}", "protocol.backup_workers must be below"),

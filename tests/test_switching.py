@@ -84,6 +84,26 @@ def test_lr_rescale_at_a_switch(cluster_factory, rule, expected):
     assert _lr_scale(c) == pytest.approx(1.0)
 
 
+def test_asynchrony_momentum_rule_lowers_momentum_in_asp_and_keeps_the_effective_step(cluster_factory):
+    c = cluster_factory(workers=4, size=2, protocol={"batch": 8}, optimizer={"name": "momentum", "learning_rate": 0.1},
+                        policy={"on_switch": {"momentum": "asynchrony"}})
+    opt = c.engine.store.optimizer
+    _switch(c, name="asp")
+    # 0.9 explicit - (1 - 1/4) implicit = 0.15; lr: linear 1/4, then x (1 - 0.15) / (1 - 0.9) = 8.5
+    assert _lr_scale(c) == pytest.approx(0.25 * 8.5) and opt.hyper["momentum"] == pytest.approx(0.15)
+    assert c.events("switch")[-1]["momentum"] == pytest.approx(0.15)
+    _switch(c, name="ssp")  # async to async: nothing changes
+    assert _lr_scale(c) == pytest.approx(0.25 * 8.5) and opt.hyper["momentum"] == pytest.approx(0.15)
+    _switch(c, name="bsp")
+    assert _lr_scale(c) == pytest.approx(1.0) and opt.hyper["momentum"] == pytest.approx(0.9)
+
+
+def test_momentum_is_kept_at_a_switch_by_default(cluster_factory):
+    c = cluster_factory(workers=4, size=2, optimizer={"name": "momentum", "learning_rate": 0.1})
+    _switch(c, name="asp")
+    assert _lr_scale(c) == pytest.approx(0.25) and c.engine.store.optimizer.hyper["momentum"] == 0.9
+
+
 def test_optimizer_state_kept_by_default_and_reset_on_request(cluster_factory):
     for state, survives in (("keep", True), ("reset", False)):
         c = cluster_factory(workers=1, size=2, protocol={"name": "asp"},
@@ -163,3 +183,12 @@ def test_switch_overhead_subtracts_one_normal_step():
     rounds = [(20.7 + 0.6 * i, "bsp") for i in range(5)]
     assert switch_overheads([bsp], rounds, step_s=0.25) == [pytest.approx(0.1)]
     assert switch_overheads([SwitchRecord(1.0, "asp")], [], 0.25) == [], "no update yet: nothing to report"
+
+
+def test_a_normal_step_counts_communication_but_not_barrier_waits(cluster_factory):
+    from switchps.protos import switchps_pb2 as pb
+
+    c = cluster_factory(workers=2, size=2)
+    # the push took 0.5 s to answer, 0.4 s of it waiting for the round: 0.1 s of communication
+    c.engine.observe_step(0, pb.StepStats(compute_s=0.2, sleep_s=0.05, send_s=0.5, wait_s=0.4), 8)
+    assert list(c.engine.step_times) == [pytest.approx(0.35)]
