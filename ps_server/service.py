@@ -134,6 +134,7 @@ class ParameterServer:
             self._reject(ctx, r)
         if self.link is not None:
             self.link.inbound.transfer(self.store.nbytes)
+            p.arrived = time.monotonic()  # the PS has the gradient only once it has crossed the link
         self._record_step(p, stats)
         outcome = self.engine.push(p)
         PUSHES.labels("applied" if outcome.applied else "dropped").inc()

@@ -76,6 +76,8 @@ class SwitchRecord:
 
     decided_at: float
     to: str
+    step_s: float = 0.0
+    """A worker's median step when the switch was decided: the step any first update must wait for."""
     first_update_at: float | None = None
 
 
@@ -226,7 +228,8 @@ class SyncEngine:
         self.store.control(lambda opt: _adjust_optimizer(opt, lr_factor, state, self.on_switch.state_scale,
                                                           momentum))
         if old.name != new.name:
-            self.switches.append(SwitchRecord(decided_at, new.name))
+            recent = list(self.step_times)[-2 * self.num_workers:]
+            self.switches.append(SwitchRecord(decided_at, new.name, float(np.median(recent)) if recent else 0.0))
         before = old.model_dump()
         self.rec.event("switch" if old.name != new.name else "reconfigure", version=self.store.version,
                        reason=reason, policy=policy, lr_factor=lr_factor, momentum=self.momentum,
@@ -412,16 +415,15 @@ class SyncEngine:
         )
 
     def switch_overheads(self) -> list[float]:
-        step_s = float(np.median(self.step_times)) if self.step_times else 0.0
-        return switch_overheads(self.switches, self.update_times, step_s)
+        return switch_overheads(self.switches, self.update_times)
 
 
-def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[float, str]], step_s: float) -> list[float]:
+def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[float, str]]) -> list[float]:
     """Per switch: decision to the first update under the new protocol, minus one normal step.
 
-    A normal step is the longer of a worker's median step (compute and communication, without barrier
-    waits: no update can follow a decision sooner than one gradient computed and sent) and the median
-    interval between updates under the new protocol.
+    A normal step is the longer of a worker's median step when the switch was decided (compute and
+    communication, without barrier waits: no update can follow a decision sooner than one gradient
+    computed and sent) and the median interval between updates under the new protocol.
     """
     out = []
     for sw in switches:
@@ -429,7 +431,7 @@ def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[floa
             continue
         after = [t for t, proto in update_times if t >= sw.first_update_at and proto == sw.to][:11]
         interval = float(np.median(np.diff(after))) if len(after) > 1 else 0.0
-        out.append(max(0.0, sw.first_update_at - sw.decided_at - max(step_s, interval)))
+        out.append(max(0.0, sw.first_update_at - sw.decided_at - max(sw.step_s, interval)))
     return out
 
 

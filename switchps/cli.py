@@ -124,16 +124,18 @@ def cmd_study(args: argparse.Namespace) -> int:
         AmbStudy, DynamicBatchingStudy, SyncSwitchStudy, run_amb_vs_fmb, run_dynamic_batching, run_sync_switch,
     )
 
-    given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target", "bsp_fraction")
+    given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target", "bsp_fraction", "link_mbit_s")
              if getattr(args, k) is not None}
     if args.name == "dynamic-batching":
         study = DynamicBatchingStudy(**{k: v for k, v in given.items() if k in ("out", "workers")})
         run_dynamic_batching(study, quiet=args.quiet)
     elif args.name == "sync-switch":
         study = SyncSwitchStudy(**{k: v for k, v in given.items() if k in ("out", "workers", "bsp_fraction")})
+        if args.link_mbit_s is not None:
+            study.ps_link_mbit_s = args.link_mbit_s or None
         run_sync_switch(study, quiet=args.quiet)
     else:
-        study = AmbStudy(**{k: v for k, v in given.items() if k != "bsp_fraction"})
+        study = AmbStudy(**{k: v for k, v in given.items() if k not in ("bsp_fraction", "link_mbit_s")})
         run_amb_vs_fmb(study, quiet=args.quiet)
     print(Path(study.out) / "study.json")
     return 0
@@ -188,6 +190,8 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--out", help="directory for the runs, the figure and study.json (default runs/<study>)")
     st.add_argument("--bsp-fraction", type=float, help="sync-switch: the hybrid's BSP share (default 0.125)")
     st.add_argument("--workers", type=int, help="emulated workers (default 8)")
+    st.add_argument("--link-mbit-s", type=float,
+                    help="sync-switch: emulated PS link in Mbit/s (default 5; 0 for loopback only)")
     st.add_argument("--steps", type=int, help="model updates per arm (default 100)")
     st.add_argument("--scale", type=float, help="multiplies every straggler time (default 0.25)")
     st.add_argument("--target", type=float, help="target test accuracy (default 0.9)")

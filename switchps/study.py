@@ -165,13 +165,14 @@ class SyncSwitchStudy:
 
     The emulated PS link makes communication cost what it costs in a cluster: at 5 Mbit/s a BSP round's
     8 pushes and 8 replies of the 19 kB MLP share the link for 0.5 s, twice the round's 0.25 s of compute,
-    while ASP's transfers, spread in time, overlap other workers' compute. Every arm runs with the
-    asynchrony momentum rule at switches, and the ASP arm starts with what the hybrid switches to."""
+    while ASP's transfers, spread in time, overlap other workers' compute. With ``ps_link_mbit_s=None``
+    (loopback only) BSP pays for the stragglers alone. Every arm runs with the asynchrony momentum rule at
+    switches, and the ASP arm starts with what the hybrid switches to."""
 
     workers: int = 8
     batch: int = 16
     samples_per_s: float = 64.0
-    ps_link_mbit_s: float = 5.0
+    ps_link_mbit_s: float | None = 5.0
     lr: float = 0.1
     epochs: float = 12.0
     bsp_fraction: float = 0.125
@@ -211,20 +212,25 @@ class SyncSwitchStudy:
 
 
 def run_sync_switch(study: SyncSwitchStudy, quiet: bool = True) -> dict[str, Any]:
-    """Run every arm; write ``sync_switch.png`` and ``study.json``, print the table."""
-    out = Path(study.out)
+    """Run every arm, then report them (``report_sync_switch``)."""
     runs = {}
     for name, extra in study.arms().items():
-        run_dir, summary = launch(parse_config(_merge({**study.base(), "name": name}, extra)), quiet=quiet)
-        runs[name] = (run_dir, summary)
+        runs[name] = launch(parse_config(_merge({**study.base(), "name": name}, extra)), quiet=quiet)
+    return report_sync_switch(study, runs)
+
+
+def report_sync_switch(study: SyncSwitchStudy, runs: dict[str, tuple[Path, dict]]) -> dict[str, Any]:
+    """Write ``sync_switch.png`` and ``study.json`` for finished arms (BSP first), print the table."""
+    out = Path(study.out)
     bsp_final = runs["bsp"][1]["final_test_accuracy"]
     target = bsp_final - 0.005
     rows = []
     for name, (run_dir, summary) in runs.items():
-        ev = read_csv(run_dir / "eval.csv")
         overhead = summary.get("switch_overhead_s") or {}
+        reached = _time_and_epochs_to(run_dir, target, summary["samples"] / study.epochs)
         rows.append({"arm": name, "run_dir": str(run_dir), "final_accuracy": summary["final_test_accuracy"],
-                     "time_to_bsp_minus_0.5_s": time_to_target(ev["time_s"], ev["test_accuracy"], target),
+                     "time_to_bsp_minus_0.5_s": reached[0], "epochs_to_bsp_minus_0.5": reached[1],
+                     "samples_per_s": summary["samples_per_s"],
                      "total_time_s": summary["wall_time_s"], "switches": summary["switches"],
                      "switch_overhead_median_s": overhead.get("median"), "switch_overhead_max_s": overhead.get("max"),
                      "step_time_s": _median_step_time(run_dir)})
@@ -241,6 +247,16 @@ def run_sync_switch(study: SyncSwitchStudy, quiet: bool = True) -> dict[str, Any
     return result
 
 
+def _time_and_epochs_to(run_dir: Path, target: float, samples_per_epoch: float) -> tuple[float | None, float | None]:
+    """When the evaluated accuracy first reached ``target``, and how many epochs the model had seen by then."""
+    ev, ps = read_csv(run_dir / "eval.csv"), read_csv(run_dir / "ps.csv")
+    t = time_to_target(ev["time_s"], ev["test_accuracy"], target)
+    if t is None:
+        return None, None
+    version = int(ev["version"][ev["time_s"] == t][0])
+    return t, round(float(ps["samples"][ps["version"] <= version].sum()) / samples_per_epoch, 2)
+
+
 def _median_step_time(run_dir: Path) -> float:
     """A worker's median step: compute, injected delay and communication, without barrier waits."""
     ws = read_csv(run_dir / "workers.csv")
@@ -250,12 +266,14 @@ def _median_step_time(run_dir: Path) -> float:
 
 def sync_switch_table(rows: list[dict[str, Any]], target: float) -> Table:
     t = Table(title=f"Sync-Switch study: time to BSP's final accuracy - 0.5 points ({target:.4f})")
-    for col in ("arm", "final", "to target (s)", "vs BSP", "total (s)", "switches", "overhead (ms)", "step (s)"):
+    for col in ("arm", "final", "to target (s)", "vs BSP", "epochs to target", "samples/s", "total (s)", "switches",
+                "overhead (ms)", "step (s)"):
         t.add_column(col, justify="right")
     fmt = lambda v, f, k=1: "—" if v is None else format(v * k, f)  # noqa: E731
     for r in rows:
         t.add_row(r["arm"], fmt(r["final_accuracy"], ".4f"), fmt(r["time_to_bsp_minus_0.5_s"], ".1f"),
-                  fmt(r["speedup_vs_bsp"], ".2f"), fmt(r["total_time_s"], ".1f"), str(r["switches"]),
+                  fmt(r["speedup_vs_bsp"], ".2f"), fmt(r["epochs_to_bsp_minus_0.5"], ".1f"),
+                  fmt(r["samples_per_s"], ".0f"), fmt(r["total_time_s"], ".1f"), str(r["switches"]),
                   f"{fmt(r['switch_overhead_median_s'], '.0f', 1e3)}/{fmt(r['switch_overhead_max_s'], '.0f', 1e3)}",
                   fmt(r["step_time_s"], ".3f"))
     return t

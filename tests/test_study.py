@@ -32,3 +32,27 @@ def test_amb_vs_fmb_replays_the_same_trace_and_writes_its_outputs(tmp_path):
     saved = json.loads((tmp_path / "study.json").read_text())
     assert saved["speedup_seconds_per_step"] == result["speedup_seconds_per_step"] > 0
     assert (tmp_path / "amb_vs_fmb.png").stat().st_size > 10_000
+
+
+def test_sync_switch_asp_arm_starts_with_what_the_hybrid_switches_to():
+    from switchps.config import parse_config
+    from switchps.study import SyncSwitchStudy, _merge
+
+    study = SyncSwitchStudy()
+    arms = study.arms()
+    asp = parse_config(_merge(study.base(), arms["asp"]))
+    # linear rule 0.1 / 8, then momentum 0.9 - (1 - 1/8) = 0.025 with lr x (1 - 0.025) / (1 - 0.9)
+    assert asp.optimizer.learning_rate == pytest.approx(0.1 / 8 * 9.75)
+    assert asp.optimizer.params["momentum"] == pytest.approx(0.025)
+    hybrid = parse_config(_merge(study.base(), arms["hybrid0.125"]))
+    assert hybrid.policy.on_switch.momentum == "asynchrony" and hybrid.network.ps_link_mbit_s == 5.0
+
+
+def test_epochs_to_target_count_the_samples_in_the_evaluated_version(tmp_path):
+    from switchps.study import _time_and_epochs_to
+
+    (tmp_path / "eval.csv").write_text("time_s,version,test_loss,test_accuracy\n"
+                                       "1.0,2,1.0,0.5\n2.0,4,0.5,0.91\n3.0,6,0.4,0.95\n")
+    (tmp_path / "ps.csv").write_text("time_s,version,samples\n" + "".join(f"{v / 2},{v},100\n" for v in range(1, 7)))
+    assert _time_and_epochs_to(tmp_path, 0.9, samples_per_epoch=200.0) == (2.0, 2.0)  # versions 1-4: 400 samples
+    assert _time_and_epochs_to(tmp_path, 0.99, samples_per_epoch=200.0) == (None, None)

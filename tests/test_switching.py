@@ -175,14 +175,14 @@ def test_switch_overhead_subtracts_one_normal_step():
     from switchps.ps_server.sync import SwitchRecord, switch_overheads
 
     # decided at 10.0; under ASP updates then come every 0.05 s, but a worker step takes 0.25 s
-    asp = SwitchRecord(decided_at=10.0, to="asp", first_update_at=10.27)
+    asp = SwitchRecord(decided_at=10.0, to="asp", step_s=0.25, first_update_at=10.27)
     updates = [(10.27 + 0.05 * i, "asp") for i in range(12)]
-    assert switch_overheads([asp], updates, step_s=0.25) == [pytest.approx(0.02)]
+    assert switch_overheads([asp], updates) == [pytest.approx(0.02)]
     # into BSP, a round (0.6 s) is longer than a worker step: that is the normal step
-    bsp = SwitchRecord(decided_at=20.0, to="bsp", first_update_at=20.7)
+    bsp = SwitchRecord(decided_at=20.0, to="bsp", step_s=0.25, first_update_at=20.7)
     rounds = [(20.7 + 0.6 * i, "bsp") for i in range(5)]
-    assert switch_overheads([bsp], rounds, step_s=0.25) == [pytest.approx(0.1)]
-    assert switch_overheads([SwitchRecord(1.0, "asp")], [], 0.25) == [], "no update yet: nothing to report"
+    assert switch_overheads([bsp], rounds) == [pytest.approx(0.1)]
+    assert switch_overheads([SwitchRecord(1.0, "asp")], []) == [], "no update yet: nothing to report"
 
 
 def test_a_normal_step_counts_communication_but_not_barrier_waits(cluster_factory):
@@ -192,3 +192,10 @@ def test_a_normal_step_counts_communication_but_not_barrier_waits(cluster_factor
     # the push took 0.5 s to answer, 0.4 s of it waiting for the round: 0.1 s of communication
     c.engine.observe_step(0, pb.StepStats(compute_s=0.2, sleep_s=0.05, send_s=0.5, wait_s=0.4), 8)
     assert list(c.engine.step_times) == [pytest.approx(0.35)]
+
+
+def test_a_switch_remembers_the_step_in_force_when_it_was_decided(cluster_factory):
+    c = cluster_factory(workers=3, size=2)
+    c.engine.step_times.extend([1.0] * 20 + [0.3] * 6)  # the last 2N steps are the recent ones
+    _switch(c, name="asp")
+    assert c.engine.switches[-1].step_s == pytest.approx(0.3)
