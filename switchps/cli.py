@@ -109,12 +109,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from switchps.plots import compare_runs, results_table
+    from switchps.plots import compare_runs, console, results_table
 
     results = compare_runs([Path(d) for d in args.run_dirs], args.target, Path(args.out))
-    Console().print(results_table(results, args.target))
+    console().print(results_table(results, args.target))
     print(args.out)
     return 0
 
@@ -124,18 +122,19 @@ def cmd_study(args: argparse.Namespace) -> int:
         AmbStudy, DynamicBatchingStudy, SyncSwitchStudy, run_amb_vs_fmb, run_dynamic_batching, run_sync_switch,
     )
 
-    given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target", "bsp_fraction", "link_mbit_s")
+    given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target", "bsp_fraction")
              if getattr(args, k) is not None}
     if args.name == "dynamic-batching":
         study = DynamicBatchingStudy(**{k: v for k, v in given.items() if k in ("out", "workers")})
         run_dynamic_batching(study, quiet=args.quiet)
     elif args.name == "sync-switch":
-        study = SyncSwitchStudy(**{k: v for k, v in given.items() if k in ("out", "workers", "bsp_fraction")})
+        kw = {k: v for k, v in given.items() if k in ("out", "workers", "bsp_fraction")}
         if args.link_mbit_s is not None:
-            study.ps_link_mbit_s = args.link_mbit_s or None
+            kw["ps_link_mbit_s"] = args.link_mbit_s or None
+        study = SyncSwitchStudy(**kw)
         run_sync_switch(study, quiet=args.quiet)
     else:
-        study = AmbStudy(**{k: v for k, v in given.items() if k not in ("bsp_fraction", "link_mbit_s")})
+        study = AmbStudy(**{k: v for k, v in given.items() if k != "bsp_fraction"})
         run_amb_vs_fmb(study, quiet=args.quiet)
     print(Path(study.out) / "study.json")
     return 0

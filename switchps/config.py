@@ -153,9 +153,9 @@ class DeviceSpec(Section):
 
 class NetworkSpec(Section):
     ps_link_mbit_s: float | None = Field(None, gt=0)
-    """Emulate the PS's network link at this rate (full duplex): workers' pushes queue on its inbound
-    side and the parameters sent back on its outbound side, so a BSP round's N simultaneous transfers
-    take N times one. Loopback alone makes communication nearly free."""
+    """Emulate the PS's network link at this rate (full duplex): workers' pushes share its inbound side
+    and the parameters sent back its outbound side, so a BSP round's N simultaneous transfers take N
+    times as long as one. Loopback alone makes communication nearly free."""
 
 
 class SwitchSpec(Section):

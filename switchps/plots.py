@@ -22,6 +22,7 @@ import numpy as np
 import yaml
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from rich.console import Console
 from rich.table import Table
 
 PLOT_FILES = (
@@ -353,6 +354,14 @@ def compare_runs(run_dirs: list[Path], target: float, out: Path) -> list[RunResu
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=_DPI)
     return results
+
+
+def console() -> Console:
+    """Where tables are printed: the terminal, or 160 columns when output goes to a file or pipe."""
+    out = Console()
+    if not out.is_terminal:
+        out.width = 160
+    return out
 
 
 def results_table(results: list[RunResult], target: float) -> Table:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from rich.console import Console
 from rich.table import Table
 
 from switchps.config import RunConfig, parse_config
 from switchps.launcher import launch
+from switchps.plots import console
 
 
 @dataclass
@@ -84,9 +84,9 @@ def tune_switch(cfg: RunConfig, tolerance: float, repeats: int, min_fraction: fl
     result = {"bsp_accuracy": trials[0].accuracy, "tolerance": tolerance, "chosen_bsp_fraction": chosen,
               "trials": [{**asdict(t), "accuracy": t.accuracy} for t in trials]}
     (out / "tune_switch.json").write_text(json.dumps(result, indent=2) + "\n")
-    console = Console()
-    console.print(trials_table(trials, tolerance, chosen))
-    console.print(f"schedule written to {out / 'schedule.yaml'}:\n{schedule_snippet(chosen)}")
+    table_out = console()
+    table_out.print(trials_table(trials, tolerance, chosen))
+    table_out.print(f"schedule written to {out / 'schedule.yaml'}:\n{schedule_snippet(chosen)}")
     return result
 
 

@@ -48,11 +48,13 @@ def test_sync_switch_asp_arm_starts_with_what_the_hybrid_switches_to():
     assert hybrid.policy.on_switch.momentum == "asynchrony" and hybrid.network.ps_link_mbit_s == 5.0
 
 
-def test_epochs_to_target_count_the_samples_in_the_evaluated_version(tmp_path):
+def test_time_to_target_reads_the_mean_of_the_last_five_evals_and_counts_epochs_seen(tmp_path):
     from switchps.study import _time_and_epochs_to
 
-    (tmp_path / "eval.csv").write_text("time_s,version,test_loss,test_accuracy\n"
-                                       "1.0,2,1.0,0.5\n2.0,4,0.5,0.91\n3.0,6,0.4,0.95\n")
-    (tmp_path / "ps.csv").write_text("time_s,version,samples\n" + "".join(f"{v / 2},{v},100\n" for v in range(1, 7)))
-    assert _time_and_epochs_to(tmp_path, 0.9, samples_per_epoch=200.0) == (2.0, 2.0)  # versions 1-4: 400 samples
-    assert _time_and_epochs_to(tmp_path, 0.99, samples_per_epoch=200.0) == (None, None)
+    accuracies = [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]  # trailing means: 0.5, 0.75, 0.83, 0.875, 0.9, 1.0
+    (tmp_path / "eval.csv").write_text("time_s,version,test_loss,test_accuracy\n" + "".join(
+        f"{i + 1.0},{2 * (i + 1)},0.1,{a}\n" for i, a in enumerate(accuracies)))
+    (tmp_path / "ps.csv").write_text("time_s,version,samples\n" + "".join(f"{v / 2},{v},100\n" for v in range(1, 13)))
+    # the single eval at t=2 is already 1.0, but the mean first reaches 0.9 at t=5 (version 10: 1000 samples)
+    assert _time_and_epochs_to(tmp_path, 0.9, samples_per_epoch=200.0) == (5.0, 5.0)
+    assert _time_and_epochs_to(tmp_path, 1.01, samples_per_epoch=200.0) == (None, None)
