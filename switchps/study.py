@@ -221,13 +221,13 @@ def run_sync_switch(study: SyncSwitchStudy, quiet: bool = True) -> dict[str, Any
 def report_sync_switch(study: SyncSwitchStudy, runs: dict[str, tuple[Path, dict]]) -> dict[str, Any]:
     """Write ``sync_switch.png`` and ``study.json`` for finished arms (BSP first), print the table."""
     out = Path(study.out)
-    bsp_final = _smoothed_accuracy(runs["bsp"][0])[1][-1]
+    bsp_final = round(float(_smoothed_accuracy(runs["bsp"][0])[1][-1]), 4)
     target = bsp_final - 0.005
     rows = []
     for name, (run_dir, summary) in runs.items():
         overhead = summary.get("switch_overhead_s") or {}
         reached = _time_and_epochs_to(run_dir, target, summary["samples"] / study.epochs)
-        rows.append({"arm": name, "run_dir": str(run_dir), "final_accuracy": _smoothed_accuracy(run_dir)[1][-1],
+        rows.append({"arm": name, "run_dir": str(run_dir), "final_accuracy": round(float(_smoothed_accuracy(run_dir)[1][-1]), 4),
                      "time_to_bsp_minus_0.5_s": reached[0], "epochs_to_bsp_minus_0.5": reached[1],
                      "samples_per_s": summary["samples_per_s"],
                      "total_time_s": summary["wall_time_s"], "switches": summary["switches"],
