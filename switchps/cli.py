@@ -129,9 +129,16 @@ def cmd_study(args: argparse.Namespace) -> int:
         run_dynamic_batching(study, quiet=args.quiet)
     elif args.name == "sync-switch":
         kw = {k: v for k, v in given.items() if k in ("out", "workers", "bsp_fraction")}
+        kw |= {k: getattr(args, k) for k in ("lr", "switch_lr", "model") if getattr(args, k) is not None}
         if args.link_mbit_s is not None:
             kw["ps_link_mbit_s"] = args.link_mbit_s or None
+        if args.arms:
+            kw["arms_run"] = tuple(a.strip() for a in args.arms.split(","))
         study = SyncSwitchStudy(**kw)
+        try:
+            study.arms()
+        except ValueError as e:
+            raise ConfigError(f"--arms: {e}") from None
         run_sync_switch(study, quiet=args.quiet)
     else:
         study = AmbStudy(**{k: v for k, v in given.items() if k != "bsp_fraction"})
@@ -191,6 +198,12 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--workers", type=int, help="emulated workers (default 8)")
     st.add_argument("--link-mbit-s", type=float,
                     help="sync-switch: emulated PS link in Mbit/s (default 5; 0 for loopback only)")
+    st.add_argument("--lr", type=float, help="sync-switch: BSP's learning rate (default 0.2)")
+    st.add_argument("--switch-lr", type=float,
+                    help="sync-switch: BSP -> ASP divides the learning rate by this (default 16)")
+    st.add_argument("--model", choices=["mlp", "logreg"], help="sync-switch: the model (default mlp)")
+    st.add_argument("--arms", help="sync-switch: comma-separated arms to run besides bsp "
+                                   "(asp,hybrid,greedy,elastic,anytime; default all)")
     st.add_argument("--steps", type=int, help="model updates per arm (default 100)")
     st.add_argument("--scale", type=float, help="multiplies every straggler time (default 0.25)")
     st.add_argument("--target", type=float, help="target test accuracy (default 0.9)")

@@ -41,11 +41,12 @@ def test_sync_switch_asp_arm_starts_with_what_the_hybrid_switches_to():
     study = SyncSwitchStudy()
     arms = study.arms()
     asp = parse_config(_merge(study.base(), arms["asp"]))
-    # linear rule 0.1 / 8, then momentum 0.9 - (1 - 1/8) = 0.025 with lr x (1 - 0.025) / (1 - 0.9)
-    assert asp.optimizer.learning_rate == pytest.approx(0.1 / 8 * 9.75)
+    # the switch's factor: 0.2 / 16, then momentum 0.9 - (1 - 1/8) = 0.025 with lr x (1 - 0.025) / (1 - 0.9)
+    assert asp.optimizer.learning_rate == pytest.approx(0.2 / 16 * 9.75)
     assert asp.optimizer.params["momentum"] == pytest.approx(0.025)
     hybrid = parse_config(_merge(study.base(), arms["hybrid0.125"]))
-    assert hybrid.policy.on_switch.momentum == "asynchrony" and hybrid.network.ps_link_mbit_s == 5.0
+    assert hybrid.policy.on_switch.momentum == "asynchrony" and hybrid.policy.on_switch.lr == 16.0
+    assert hybrid.network.ps_link_mbit_s == 5.0
 
 
 def test_time_to_target_reads_the_mean_of_the_last_five_evals_and_counts_epochs_seen(tmp_path):
@@ -58,3 +59,25 @@ def test_time_to_target_reads_the_mean_of_the_last_five_evals_and_counts_epochs_
     # the single eval at t=2 is already 1.0, but the mean first reaches 0.9 at t=5 (version 10: 1000 samples)
     assert _time_and_epochs_to(tmp_path, 0.9, samples_per_epoch=200.0) == (5.0, 5.0)
     assert _time_and_epochs_to(tmp_path, 1.01, samples_per_epoch=200.0) == (None, None)
+
+
+def test_sync_switch_arms_are_selectable_and_bsp_always_runs():
+    from switchps.config import parse_config
+    from switchps.study import SyncSwitchStudy, _merge
+
+    study = SyncSwitchStudy(arms_run=("hybrid", "asp"), model="logreg")
+    arms = study.arms()
+    assert list(arms) == ["bsp", "asp", "hybrid0.125"]
+    cfg = parse_config(_merge(study.base(), arms["bsp"]))
+    assert cfg.model.name == "logreg" and cfg.model.kwargs == {}
+
+
+def test_sync_switch_unknown_arm_exits_2_naming_the_option():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "switchps.cli", "study", "sync-switch", "--arms", "asp,bogus"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--arms" in lines[0] and "bogus" in lines[0]
