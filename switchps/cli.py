@@ -134,9 +134,8 @@ def cmd_study(args: argparse.Namespace) -> int:
             kw["ps_link_mbit_s"] = args.link_mbit_s or None
         if args.arms:
             kw["arms_run"] = tuple(a.strip() for a in args.arms.split(","))
-        study = SyncSwitchStudy(**kw)
         try:
-            study.arms()
+            study = SyncSwitchStudy(**kw)
         except ValueError as e:
             raise ConfigError(f"--arms: {e}") from None
         run_sync_switch(study, quiet=args.quiet)

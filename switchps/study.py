@@ -193,6 +193,11 @@ class SyncSwitchStudy:
     seed: int = 0
     out: str = "runs/sync-switch"
 
+    def __post_init__(self) -> None:
+        unknown = set(self.arms_run) - set(SyncSwitchStudy.arms_run)
+        if unknown:
+            raise ValueError(f"unknown arm(s) {sorted(unknown)}; choose from {sorted(SyncSwitchStudy.arms_run)}")
+
     def base(self) -> dict[str, Any]:
         return emulated_digits(
             self.seed, self.workers, self.samples_per_s, self.out, lr=self.lr, train={"epochs": self.epochs},
@@ -216,9 +221,6 @@ class SyncSwitchStudy:
             "elastic": ("elastic", {"policy": {"name": "elastic", "kwargs": detect}}),
             "anytime": ("anytime", {"policy": {"name": "anytime", "kwargs": detect}}),
         }
-        unknown = set(self.arms_run) - set(every)
-        if unknown:
-            raise ValueError(f"unknown arm(s) {sorted(unknown)}; choose from {sorted(every)}")
         return dict(every[a] for a in every if a == "bsp" or a in self.arms_run)
 
 
