@@ -15,7 +15,11 @@ def test_bsp_waits_for_all_and_applies_one_update_with_sum_over_samples(cluster_
     w0, w1, w2 = c.workers
     grads = [np.full(4, 3.0, G), np.full(4, 10.0, G), np.array([1, 2, 3, 4], G)]
     samples = [3, 5, 2]  # unequal b_i: the update must be ΣG / Σb, not a mean of means
-    p0, p1 = w0.push_async(grads[0], samples[0]), w1.push_async(grads[1], samples[1])
+    p0 = w0.push_async(grads[0], samples[0])
+    deadline = time.monotonic() + 10
+    while c.engine.rec.counts["accepted"] < 1 and time.monotonic() < deadline:  # arrival order: 0, then 1
+        time.sleep(0.01)
+    p1 = w1.push_async(grads[1], samples[1])
     time.sleep(0.5)
     assert p0.is_alive() and p1.is_alive(), "BSP released before every worker pushed"
     assert c.engine.store.version == 0
