@@ -62,7 +62,7 @@ def spawn(role: str, args: list[str], run_dir: Path) -> Child:
     log = run_dir / "logs" / f"{role}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "switchps.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *args], stdout=f, stderr=subprocess.STDOUT,
                                 env=child_env(), stdin=subprocess.DEVNULL)
     return Child(role, proc, log)
 

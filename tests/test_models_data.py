@@ -101,7 +101,7 @@ def test_same_seed_same_weights_across_processes(tmp_path):
         np.savez({str(out)!r}, **{{v.path.replace("/", "|"): v.numpy() for v in m.weights}})
     """)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    subprocess.run([sys.executable, "-P", "-c", code], check=True, env=env, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
     here = _weights(build_model("mlp", (64,), 10, seed=3, hidden=[32]))
     with np.load(out) as there:
         assert sorted(k.replace("|", "/") for k in there.files) == sorted(here)

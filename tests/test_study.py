@@ -76,7 +76,7 @@ def test_sync_switch_unknown_arm_exits_2_naming_the_option():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-P", "-m", "switchps.cli", "study", "sync-switch", "--arms", "asp,bogus"],
+    r = subprocess.run([sys.executable, "-m", "switchps.cli", "study", "sync-switch", "--arms", "asp,bogus"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
