@@ -18,7 +18,7 @@ import functools
 import math
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, TypeVar
+from typing import AsyncIterator, Iterable, Iterator, TypeVar
 
 import numpy as np
 from google.protobuf.message import DecodeError, Message
@@ -79,6 +79,16 @@ def encode(header: Message, chunks: Iterable[bytes] = (), nbytes: int = 0) -> It
     yield from chunks
 
 
+async def aencode(header: Message, chunks: AsyncIterator[bytes], nbytes: int) -> AsyncIterator[bytes]:
+    """``encode`` for chunks that arrive asynchronously (an asyncio server's replies)."""
+    if 0 < nbytes <= INLINE_BYTES:
+        yield _frame0(header) + b"".join([c async for c in chunks])
+        return
+    yield _frame0(header)
+    async for chunk in chunks:
+        yield chunk
+
+
 def encode_array(header: Message, flat: np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     return encode(header, array_chunks(flat, chunk_bytes), flat.nbytes)
 
@@ -98,28 +108,45 @@ def decode_header(frame0: bytes, header_type: type[M]) -> tuple[M, memoryview]:
     return header, memoryview(frame0)[_LEN.size + n :]
 
 
+class PayloadWriter:
+    """Copies payload frames, one by one as they arrive, straight into float32 ``out``.
+
+    With ``check_finite`` each frame is checked for NaN/inf right after it lands, so
+    the check overlaps with the next frame's transfer.
+    """
+
+    def __init__(self, out: np.ndarray, check_finite: bool = False) -> None:
+        self.out, self.check_finite = out, check_finite
+        self._dest = out.view(np.uint8)
+        self.pos = 0
+        self.finite = True
+
+    def add(self, frame: bytes | memoryview) -> None:
+        n, pos = len(frame), self.pos
+        if pos + n > self._dest.size:
+            raise FrameError(f"payload exceeds the expected {self._dest.size} bytes")
+        self._dest[pos : pos + n] = np.frombuffer(frame, np.uint8)
+        self.pos += n
+        if self.check_finite and self.finite:
+            self.finite = all_finite(self.out[pos // 4 : self.pos // 4])
+
+    def finish(self) -> bool:
+        """Check the payload filled ``out`` exactly; returns whether it is all finite (if checked)."""
+        COPIES.add(self.pos)
+        if self.pos != self._dest.size:
+            raise FrameError(f"payload has {self.pos} bytes, expected {self._dest.size}")
+        return self.finite
+
+
 def receive_into(first: memoryview, rest: Iterable[bytes], out: np.ndarray, check_finite: bool = False) -> bool:
     """Copy the payload (``first`` then the ``rest`` frames) into float32 ``out``, exactly filling it.
 
-    With ``check_finite``, returns whether every value is finite, checked frame by
-    frame while the next frame is still in flight; otherwise returns True.
+    Returns whether every value is finite when ``check_finite``, else True.
     """
-    dest = out.view(np.uint8)
-    pos = checked = 0
-    finite = True
+    writer = PayloadWriter(out, check_finite)
     for frame in _frames(first, rest):
-        n = len(frame)
-        if pos + n > dest.size:
-            raise FrameError(f"payload exceeds the expected {dest.size} bytes")
-        dest[pos : pos + n] = np.frombuffer(frame, np.uint8)
-        pos += n
-        if check_finite:
-            finite = finite and all_finite(out[checked : pos // 4])
-            checked = pos // 4
-    COPIES.add(pos)
-    if pos != dest.size:
-        raise FrameError(f"payload has {pos} bytes, expected {dest.size}")
-    return finite
+        writer.add(frame)
+    return writer.finish()
 
 
 def all_finite(x: np.ndarray) -> bool:

@@ -15,12 +15,14 @@ class Variable(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Layout(_message.Message):
-    __slots__ = ("variables", "digest")
+    __slots__ = ("variables", "digest", "state")
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     variables: _containers.RepeatedCompositeFieldContainer[Variable]
     digest: str
-    def __init__(self, variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., digest: _Optional[str] = ...) -> None: ...
+    state: _containers.RepeatedCompositeFieldContainer[Variable]
+    def __init__(self, variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., digest: _Optional[str] = ..., state: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ...) -> None: ...
 
 class WorkOrder(_message.Message):
     __slots__ = ("protocol", "version", "sample_budget", "time_budget_s", "micro_batch", "stop")

@@ -16,7 +16,7 @@ from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import configured_momentum, make_optimizer, make_schedule
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.service import ParameterServer, start_server, wait_until
+from switchps.ps_server.service import ParameterServer, Server, wait_until
 from switchps.ps_server.sync import SyncEngine
 
 log = logging.getLogger("switchps.ps")
@@ -48,19 +48,18 @@ def run_ps(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     engine = build_engine(cfg, run_dir)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
     ps = ParameterServer(engine, cfg.cluster.num_workers, link)
-    server, port, health = start_server(ps, cfg.cluster.ps, max_workers=2 * cfg.cluster.num_workers + 8)
+    server = Server(ps, cfg.cluster.ps)
     if cfg.runtime.metrics_port is not None:
         start_http_server(cfg.runtime.metrics_port)
-    log.info("PS serving on port %d, run directory %s", port, run_dir)
+    log.info("PS serving on port %d, run directory %s", server.port, run_dir)
     try:
         while not engine.done:
             engine.tick()
             time.sleep(0.05)
-        wait_until(lambda: ps.final_eval_done, cfg.eval.final_timeout_s)
+        wait_until(lambda: ps.final_eval is not None, cfg.eval.final_timeout_s)
         wait_until(lambda: ps.told_stop >= set(engine.registered), STOP_GRACE_S)
     finally:
-        health.enter_graceful_shutdown()
-        server.stop(grace=1.0).wait()
+        server.stop(grace=1.0)
     engine.store.wait_idle(timeout=60)  # every queued update applied and recorded
     return engine.rec.close(_summary(cfg, engine, ps))
 
@@ -69,11 +68,15 @@ def _summary(cfg: RunConfig, engine: SyncEngine, ps: ParameterServer) -> dict[st
     wall = (engine.finished_at or time.monotonic()) - (engine.started_at or time.monotonic())
     target = cfg.eval.target_accuracy
     reached = [t for t, _, _, acc in engine.rec.evals if target is not None and acc >= target]
+    final = ps.final_eval
     return {
         "name": cfg.name,
         "protocol": cfg.protocol.name,
         "num_workers": cfg.cluster.num_workers,
         "wall_time_s": round(wall, 3),
+        "final_test_accuracy": final.test_accuracy if final else None,
+        "final_test_loss": final.test_loss if final else None,
+        "final_version": final.version if final else None,
         "updates": engine.store.version,
         "samples": engine.samples_applied,
         "samples_per_s": round(engine.samples_applied / wall, 1) if wall > 0 else None,
@@ -84,7 +87,7 @@ def _summary(cfg: RunConfig, engine: SyncEngine, ps: ParameterServer) -> dict[st
         "emulated_device": cfg.device.model_dump() if cfg.device.samples_per_s else None,
         "emulated_link": ps.link.summary(wall) if ps.link else None,
         "stragglers": cfg.stragglers.model_dump(exclude_none=True) or None,
-        "final_eval_reported": ps.final_eval_done,
+        "final_eval_reported": final is not None,
         "workers_not_told_stop": sorted(set(engine.registered) - ps.told_stop),
         "policy": cfg.policy.name,
         "switches": len(engine.switches),

@@ -1,7 +1,10 @@
-"""The model the PS holds: flat float32 parameters, optimizer, version.
+"""The model the PS holds: flat float32 values, optimizer, version.
 
-Parameters live in one contiguous float32 vector; the layout maps it back to
-named variables. One applier thread is the only writer. ``submit`` reserves
+Values live in one contiguous float32 vector; the layout maps it back to
+named variables: the trainable parameters first, which the optimizer
+updates, then the non-trainable state (BatchNorm moving statistics), which
+each update replaces with the mean of its contributors' values (the round's
+workers under BSP, the one pusher under ASP). One applier thread is the only writer. ``submit`` reserves
 the next version at once and queues the update; while the optimizer works
 through the vector block by block, the new version's wire chunks are
 published one by one, so replies start streaming before the apply has
@@ -11,13 +14,14 @@ is held while parameters stream out.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -28,20 +32,32 @@ from switchps.ps_server.optimizers import Optimizer
 log = logging.getLogger("switchps.ps")
 
 
-def layout_digest(variables: list[tuple[str, tuple[int, ...]]]) -> str:
+Specs = Sequence[tuple[str, tuple[int, ...]]]
+
+
+def layout_digest(variables: Specs, state: Specs = ()) -> str:
     text = ";".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in variables)
+    if state:
+        text += "|" + ";".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in state)
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def make_layout(variables: list[tuple[str, tuple[int, ...]]]) -> pb.Layout:
+def make_layout(variables: Specs, state: Specs = ()) -> pb.Layout:
+    """The wire layout of trainable ``variables`` followed by non-trainable ``state``."""
     return pb.Layout(
         variables=[pb.Variable(name=n, shape=list(s)) for n, s in variables],
-        digest=layout_digest(variables),
+        state=[pb.Variable(name=n, shape=list(s)) for n, s in state],
+        digest=layout_digest(variables, state),
     )
 
 
-def layout_size(layout: pb.Layout) -> int:
+def trainable_size(layout: pb.Layout) -> int:
     return sum(math.prod(v.shape) for v in layout.variables)
+
+
+def layout_size(layout: pb.Layout) -> int:
+    """Elements of the whole vector: trainable parameters and non-trainable state."""
+    return trainable_size(layout) + sum(math.prod(v.shape) for v in layout.state)
 
 
 class BufferPool:
@@ -65,7 +81,11 @@ class BufferPool:
 
 
 class Snapshot:
-    """One version's parameters as wire chunks, readable while they are still being published."""
+    """One version's values as wire chunks, readable while they are still being published.
+
+    Thread readers block in ``chunks``; asyncio readers await ``achunks``, woken
+    through their event loop when a chunk they wait for is published.
+    """
 
     def __init__(self, version: int, nbytes: int, chunk_bytes: int) -> None:
         self.version = version
@@ -75,6 +95,7 @@ class Snapshot:
         self._total = -(-nbytes // self.chunk_bytes)
         self._failed: BaseException | None = None
         self._cond = threading.Condition()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     @classmethod
     def of(cls, version: int, flat: np.ndarray, chunk_bytes: int) -> "Snapshot":
@@ -95,80 +116,117 @@ class Snapshot:
             COPIES.add(len(chunk))
             with self._cond:
                 self._chunks.append(chunk)
-                self._cond.notify_all()
+                self._wake()
 
     def fail(self, error: BaseException) -> None:
         with self._cond:
             self._failed = error
-            self._cond.notify_all()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Caller holds ``_cond``."""
+        self._cond.notify_all()
+        for loop, fut in self._waiters:
+            loop.call_soon_threadsafe(_resolve, fut)
+        self._waiters = []
+
+    def _ready(self, i: int) -> bytes | None:
+        """Chunk ``i`` if published (caller holds ``_cond``); raises if the update failed."""
+        if self._failed is not None:
+            raise RuntimeError(f"update to version {self.version} failed") from self._failed
+        return self._chunks[i] if i < len(self._chunks) else None
 
     def chunks(self) -> Iterator[bytes]:
-        """The chunks in order, waiting for any not yet published."""
+        """The chunks in order, blocking for any not yet published."""
         for i in range(self._total):
             with self._cond:
-                while len(self._chunks) <= i and self._failed is None:
+                while (chunk := self._ready(i)) is None:
                     self._cond.wait()
-                if self._failed is not None:
-                    raise RuntimeError(f"update to version {self.version} failed") from self._failed
-                chunk = self._chunks[i]
             yield chunk
+
+    async def achunks(self) -> AsyncIterator[bytes]:
+        """The chunks in order, awaiting any not yet published."""
+        loop = asyncio.get_running_loop()
+        for i in range(self._total):
+            while True:
+                with self._cond:
+                    chunk = self._ready(i)
+                    if chunk is None:
+                        fut: asyncio.Future[None] = loop.create_future()
+                        self._waiters.append((loop, fut))
+                if chunk is not None:
+                    break
+                await fut
+            yield chunk
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 @dataclass
 class _Update:
     grad: np.ndarray
     samples: int
+    contributors: int
     lr_factor: float
     snapshot: Snapshot
     on_applied: Callable[[float], None] | None
 
 
 class ModelStore:
-    """Holds parameters and optimizer state; the applier thread is the only writer."""
+    """Holds the values and optimizer state; the applier thread is the only writer.
+
+    ``values`` is the whole vector (trainable parameters, then non-trainable
+    state); the optimizer sees only its first ``trainable`` elements.
+    """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         self._make_optimizer = make_optimizer
         self.chunk_bytes = chunk_bytes
         self.lock = threading.Lock()
-        self.layout: pb.Layout | None = None
-        self.params: np.ndarray | None = None
-        self.optimizer: Optimizer | None = None
-        self.buffers: BufferPool | None = None
+        self.layout = pb.Layout()
+        self.values = np.empty(0, np.float32)
+        self.trainable = 0
+        self.optimizer = make_optimizer(0)
+        self.buffers = BufferPool(0)
+        self.initialized = False
         self.version = 0  # the newest version: its update may still be in the applier's queue
-        self._latest: Snapshot | None = None
+        self._latest = Snapshot.of(0, self.values, chunk_bytes)
         self._queue: queue.SimpleQueue[_Update | Callable[[Optimizer], None]] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
         threading.Thread(target=self._apply_loop, name="switchps-applier", daemon=True).start()
 
     @property
-    def initialized(self) -> bool:
-        return self.params is not None
-
-    @property
     def nbytes(self) -> int:
-        return 0 if self.params is None else self.params.nbytes
+        return self.values.nbytes
 
     def initialize(self, layout: pb.Layout, values: np.ndarray) -> None:
         with self.lock:
             self.layout = layout
-            self.params = values
-            self.optimizer = self._make_optimizer(values.size)
+            self.values = values
+            self.trainable = trainable_size(layout)
+            self.optimizer = self._make_optimizer(self.trainable)
             self.buffers = BufferPool(values.size)
             self._latest = Snapshot.of(self.version, values, self.chunk_bytes)
+            self.initialized = True
 
-    def submit(self, grad_sum: np.ndarray, samples: int, lr_factor: float = 1.0,
+    def submit(self, grad_sum: np.ndarray, samples: int, contributors: int = 1, lr_factor: float = 1.0,
                on_applied: Callable[[float], None] | None = None) -> Snapshot:
-        """Queue the mean gradient ``grad_sum / samples``; returns the new version's snapshot at once.
+        """Queue one update; returns the new version's snapshot at once.
 
-        ``grad_sum`` is consumed (returned to the buffer pool). ``on_applied(lr)`` runs
-        on the applier thread before the snapshot's last chunk is published, so a
-        reader that has the whole snapshot also sees the update recorded.
+        ``grad_sum`` holds the summed gradient over ``samples`` followed by the sum of
+        ``contributors`` workers' state; the update applies their means. It is consumed
+        (returned to the buffer pool). ``on_applied(lr)`` runs on the applier thread
+        before the snapshot's last chunk is published, so a reader that has the whole
+        snapshot also sees the update recorded.
         """
         with self.lock:
             self.version += 1
             snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes)
-        self._enqueue(_Update(grad_sum, samples, lr_factor, snap, on_applied))
+        self._enqueue(_Update(grad_sum, samples, contributors, lr_factor, snap, on_applied))
         return snap
 
     def control(self, change: Callable[[Optimizer], None]) -> None:
@@ -208,11 +266,14 @@ class ModelStore:
                     self._idle.notify_all()
 
     def _apply(self, u: _Update) -> None:
-        params, snap = self.params, u.snapshot
-        last = params.size - (params.size % (snap.chunk_bytes // 4) or snap.chunk_bytes // 4)
-        lr = self.optimizer.apply(params, u.grad, u.lr_factor, grad_scale=1.0 / u.samples,
-                                  on_block=lambda end: snap.publish_until(params, min(end, last)))
+        values, snap, n = self.values, u.snapshot, self.trainable
+        per_chunk = snap.chunk_bytes // 4
+        last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
+        lr = self.optimizer.apply(values[:n], u.grad[:n], u.lr_factor, grad_scale=1.0 / u.samples,
+                                  on_block=lambda end: snap.publish_until(values, min(end, last)))
+        if n < values.size:
+            np.multiply(u.grad[n:], np.float32(1.0 / u.contributors), out=values[n:])
         self.buffers.put(u.grad)
         if u.on_applied:
             u.on_applied(lr)
-        snap.publish_until(params, params.size)
+        snap.publish_until(values, values.size)

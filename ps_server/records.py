@@ -7,7 +7,6 @@ by a background thread so that recording never blocks the push path on disk.
 from __future__ import annotations
 
 import csv
-import json
 import threading
 import time
 from collections import Counter
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from switchps.jsonfile import dumps, write_json
 from switchps.worker.stragglers import TRACE_COLUMNS
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
@@ -60,6 +60,7 @@ class RunRecorder:
         (run_dir / "events.jsonl").write_text("")
         self.counts: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
+        self.rejections: Counter[str] = Counter()  # "rpc:reason" for every rejected request
         self.evals: list[tuple[float, int, float, float]] = []
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, args=(flush_every_s,), daemon=True)
@@ -106,6 +107,13 @@ class RunRecorder:
             if reason:
                 self.reasons[f"{what}:{reason}"] += 1
 
+    def reject(self, rpc: str, reason: str) -> None:
+        """Count a rejected request of any RPC; rejected pushes also count as pushes."""
+        with self._lock:
+            self.rejections[f"{rpc}:{reason}"] += 1
+        if rpc == "push":
+            self.count("rejected", reason)
+
     def flush(self, final: bool = False) -> None:
         """Write buffered rows; events wait for the training start so their times share its origin."""
         with self._lock:
@@ -114,7 +122,7 @@ class RunRecorder:
                     t.flush()
             if self.t0 is None and not final:
                 return
-            events = [json.dumps({"time_s": self._rel(m), **e}) for m, e in self._events]
+            events = [dumps({"time_s": self._rel(m), **e}) for m, e in self._events]
             self._events = []
         if events:
             with (self.run_dir / "events.jsonl").open("a") as f:
@@ -131,17 +139,16 @@ class RunRecorder:
         self.flush(final=True)
         accs = [e[3] for e in self.evals]
         full = {
-            "final_test_accuracy": accs[-1] if accs else None,
             "best_test_accuracy": max(accs) if accs else None,
-            "final_test_loss": self.evals[-1][2] if self.evals else None,
             "pushes_accepted": self.counts["accepted"],
             "pushes_rejected": self.counts["rejected"],
             "pushes_dropped": self.counts["dropped"],
             "batch_exhausted_steps": self.counts["batch_exhausted"],
             "push_reasons": dict(sorted(self.reasons.items())),
+            "rejections": dict(sorted(self.rejections.items())),
             **summary,
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(full, indent=2) + "\n")
+        write_json(self.run_dir / "summary.json", full)
         return full
 
 

@@ -33,8 +33,9 @@ import numpy as np
 from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.model import ModelStore, Snapshot
-from switchps.ps_server.optimizers import Optimizer, asynchrony_momentum
+from switchps.ps_server.optimizers import Optimizer
 from switchps.ps_server.records import RunRecorder
+from switchps.ps_server.rescale import Batches, lr_scale, momentum_in_force
 
 if TYPE_CHECKING:
     from switchps.ps_server.controller import Controller
@@ -87,7 +88,7 @@ class SyncEngine:
                  on_switch: SwitchSpec | None = None, momentum: float = 0.0) -> None:
         self.store = store
         self.rec = recorder
-        self.protocol = protocol
+        self.protocol = self.reference = protocol
         self.train = train
         self.num_workers = num_workers
         self.startup_timeout_s = startup_timeout_s
@@ -103,6 +104,9 @@ class SyncEngine:
         self._round: _Round | None = None
         self.on_switch = on_switch or SwitchSpec()
         self.configured_momentum = self.momentum = momentum
+        self.lr_scale = 1.0
+        self.amb_samples: deque[int] = deque(maxlen=2 * num_workers)  # recent AMB worker-steps' samples
+        self.issued: dict[int, int] = {}         # per worker: the largest sample budget it was ever given
         self.batches: dict[int, int] = {}        # per-worker sample budgets (dynamic batching)
         self.excluded: set[int] = set()          # out of the barrier (elastic)
         self._joins_stale: set[int] = set()      # next push joins the round whatever its base version
@@ -197,6 +201,8 @@ class SyncEngine:
     def work_order(self, worker: int = -1) -> pb.WorkOrder:
         p = self.protocol
         budget = self.budget(worker)
+        if worker >= 0:
+            self.issued[worker] = max(budget, self.issued.get(worker, 0))
         return pb.WorkOrder(protocol=p.name, version=self.store.version, sample_budget=budget,
                             time_budget_s=p.step_time_budget_s, micro_batch=min(p.effective_micro_batch, budget),
                             stop=self.done)
@@ -214,51 +220,36 @@ class SyncEngine:
 
     def _switch_now(self, new: ProtocolSpec, reason: str, policy: str, decided_at: float) -> None:
         old, self._pending = self.protocol, None
-        lr_factor = self._lr_factor(old, new)
         self.protocol = new
         if new.synchronous and not old.synchronous:
             self._joins_stale = set(self.active)  # their in-flight async gradients join the first round
         if new.name == "ssp" and old.name != "ssp":
             self.clocks = dict.fromkeys(self.clocks, 0)
-        momentum = self._momentum(old, new)
-        if momentum is not None:
-            lr_factor *= (1.0 - momentum) / (1.0 - self.momentum)
-            self.momentum = momentum
         state = self.on_switch.optimizer_state if old.name != new.name else "keep"
-        self.store.control(lambda opt: _adjust_optimizer(opt, lr_factor, state, self.on_switch.state_scale,
-                                                          momentum))
+        self._rescale(state)
         if old.name != new.name:
             recent = list(self.step_times)[-2 * self.num_workers:]
             self.switches.append(SwitchRecord(decided_at, new.name, float(np.median(recent)) if recent else 0.0))
         before = old.model_dump()
         self.rec.event("switch" if old.name != new.name else "reconfigure", version=self.store.version,
-                       reason=reason, policy=policy, lr_factor=lr_factor, momentum=self.momentum,
+                       reason=reason, policy=policy, lr_scale=self.lr_scale, momentum=self.momentum,
                        **{"from": old.name, "to": new.name},
                        changed={k: v for k, v in new.model_dump().items() if before[k] != v})
         self.cond.notify_all()
 
-    def effective_batch(self, spec: ProtocolSpec) -> float:
-        """Samples per update: the sum over the barrier for round-based protocols, one worker's for async."""
-        budgets = [spec.batch if spec.name == "amb" else self.batches.get(w, spec.batch)
-                   for w in self.active - self.excluded] or [spec.batch]
-        return sum(budgets) if spec.synchronous else sum(budgets) / len(budgets)
-
-    def _lr_factor(self, old: ProtocolSpec, new: ProtocolSpec) -> float:
-        ratio = self.effective_batch(new) / self.effective_batch(old)
-        rule = self.on_switch.lr
-        if rule == "keep" or ratio == 1.0:
-            return 1.0
-        if rule == "linear":
-            return ratio
-        return float(rule) if ratio > 1.0 else 1.0 / float(rule)
-
-    def _momentum(self, old: ProtocolSpec, new: ProtocolSpec) -> float | None:
-        """The momentum under ``new`` when ``on_switch.momentum`` is asynchrony and synchrony changes, else None."""
-        if self.on_switch.momentum == "keep" or not self.configured_momentum or old.synchronous == new.synchronous:
-            return None
-        if new.synchronous:
-            return self.configured_momentum
-        return asynchrony_momentum(self.configured_momentum, max(1, len(self.active - self.excluded)))
+    def _rescale(self, state: str = "keep") -> None:
+        """Set the learning-rate scale and momentum for the protocol in force, absolutely (see ``rescale``)."""
+        amb = sum(self.amb_samples) / len(self.amb_samples) if self.amb_samples else None
+        b = Batches(self.num_workers, dict(self.batches), amb)
+        scale = lr_scale(self.protocol, self.reference, self.on_switch, self.configured_momentum, b)
+        momentum = momentum_in_force(self.protocol, self.reference, self.on_switch, self.configured_momentum,
+                                     self.num_workers)
+        if scale == self.lr_scale and momentum == self.momentum and state == "keep":
+            return
+        self.lr_scale, self.momentum = scale, momentum
+        set_momentum = momentum if self.configured_momentum else None
+        self.store.control(lambda opt: _adjust_optimizer(opt, scale, state, self.on_switch.state_scale,
+                                                          set_momentum))
 
     def set_batches(self, batches: dict[int, int], reason: str, policy: str) -> None:
         self.batches.update(batches)
@@ -326,7 +317,7 @@ class SyncEngine:
         wait_s = time.monotonic() - since
         protocol, budget = self.protocol.name, self.protocol.step_time_budget_s
         version = self.store.version + 1
-        self.store.submit(grad, samples, lr_factor, on_applied=lambda lr: self._record_update(
+        self.store.submit(grad, samples, len(members), lr_factor, on_applied=lambda lr: self._record_update(
             version, lr, protocol, members, staleness, wait_s, budget))
         self.samples_applied += samples
         now = time.monotonic()
@@ -375,6 +366,8 @@ class SyncEngine:
             self.store.buffers.put(p.grad)
         r.members.append(p)
         r.staleness.append(staleness)
+        if self.protocol.name == "amb":
+            self.amb_samples.append(p.samples)
         self.rec.count("accepted")
         self._maybe_complete()
         while self.store.version == r.version and not self.done:
@@ -400,6 +393,8 @@ class SyncEngine:
     def _complete(self, r: _Round) -> None:
         self._round = None
         self._submit(r.acc, r.members, r.staleness, r.started)
+        if self.protocol.name == "amb" and self.reference.name != "amb":
+            self._rescale()  # AMB's effective batch is what its workers measurably did
         if self._pending is not None:
             self._switch_now(*self._pending)
 
@@ -435,10 +430,10 @@ def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[floa
     return out
 
 
-def _adjust_optimizer(opt: Optimizer, lr_factor: float, state: str, state_scale: float,
+def _adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,
                       momentum: float | None) -> None:
     """Runs on the applier thread, in order with the updates around it."""
-    opt.lr_scale *= lr_factor
+    opt.lr_scale = lr_scale
     if momentum is not None:
         opt.hyper["momentum"] = momentum
     if state == "reset":

@@ -1,3 +1,3 @@
 """switchps: a parameter server with live-switchable synchronization."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from switchps import __version__
 from switchps.config import ConfigError, RunConfig, load_config
 
 EXIT_CONFIG = 2
@@ -96,7 +97,7 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
     _tf_config(cfg, "evaluator", None)
     from switchps.worker.main import run_evaluator
 
-    run_evaluator(cfg)
+    run_evaluator(cfg, Path(args.run_dir) if args.run_dir else Path(cfg.output.dir))
     return 0
 
 
@@ -156,6 +157,7 @@ def cmd_tune_switch(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchps", description="Parameter server with switchable synchronization")
+    p.add_argument("--version", action="version", version=f"switchps {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(name: str, help: str, optional: bool = False) -> argparse.ArgumentParser:
@@ -174,7 +176,9 @@ def parser() -> argparse.ArgumentParser:
     w = with_config("worker", "run one worker role")
     w.add_argument("--index", type=int, help="worker index (or from TF_CONFIG task.index)")
     w.set_defaults(func=cmd_worker)
-    with_config("evaluator", "run the evaluator role").set_defaults(func=cmd_evaluator)
+    e = with_config("evaluator", "run the evaluator role")
+    e.add_argument("--run-dir", help="where to write the final model.keras (default: output.dir)")
+    e.set_defaults(func=cmd_evaluator)
     pl = sub.add_parser("plot", help="write PNG plots of a run directory")
     pl.add_argument("run_dir")
     pl.add_argument("--out", help="output directory (default RUN_DIR/plots)")

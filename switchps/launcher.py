@@ -102,7 +102,7 @@ def launch(cfg: RunConfig, quiet: bool = False) -> tuple[Path, dict]:
     children = [spawn("ps", ["ps", cfg_arg, "--run-dir", str(run_dir)], run_dir)]
     try:
         _wait_for_ps(cfg.cluster.ps, children[0])
-        children.append(spawn("evaluator", ["evaluator", cfg_arg], run_dir))
+        children.append(spawn("evaluator", ["evaluator", cfg_arg, "--run-dir", str(run_dir)], run_dir))
         children += [spawn(f"worker-{i}", ["worker", cfg_arg, "--index", str(i)], run_dir)
                      for i in range(cfg.cluster.num_workers)]
         _follow(cfg, children, quiet)

@@ -6,7 +6,6 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.main import build_engine
 from switchps.ps_server.model import make_layout
-from switchps.ps_server.service import ParameterServer, start_server
+from switchps.ps_server.service import ParameterServer, Server
 from switchps.worker.client import PSClient, Reply
 
 
@@ -76,7 +75,7 @@ class LiveCluster:
     run_dir: Path
     workers: list[FakeWorker]
     layout: pb.Layout
-    server: Any
+    server: Server
 
     @property
     def engine(self):
@@ -84,7 +83,7 @@ class LiveCluster:
 
     @property
     def params(self) -> np.ndarray:
-        return self.ps.store.params
+        return self.ps.store.values
 
     def events(self, kind: str | None = None) -> list[dict]:
         self.engine.rec.flush()
@@ -101,7 +100,10 @@ class LiveCluster:
 
 def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: dict | None = None,
                   train: dict | None = None, optimizer: dict | None = None, chunk_bytes: int | None = None,
-                  policy: dict | None = None, link_mbit_s: float | None = None) -> LiveCluster:
+                  policy: dict | None = None, link_mbit_s: float | None = None,
+                  receive_timeout_s: float = 30.0, state: int = 0) -> LiveCluster:
+    """A real PS on loopback with ``workers`` fake workers holding ``size`` parameters and ``state``
+    non-trainable values (pushed after the gradient, averaged per update)."""
     raw = {
         "cluster": {"ps": "127.0.0.1:0", "workers": workers, "startup_timeout_s": 5},
         "optimizer": optimizer or {"name": "sgd", "learning_rate": 1.0},
@@ -113,17 +115,17 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
     engine = build_engine(cfg, tmp_path)
     if chunk_bytes:
         engine.store.chunk_bytes = chunk_bytes
-    ps = ParameterServer(engine, workers, DuplexLink(link_mbit_s) if link_mbit_s else None)
-    server, port, _ = start_server(ps, "127.0.0.1:0", max_workers=2 * workers + 8)
-    address = f"127.0.0.1:{port}"
-    layout = make_layout([("w", (size,))])
+    ps = ParameterServer(engine, workers, DuplexLink(link_mbit_s) if link_mbit_s else None, receive_timeout_s)
+    server = Server(ps, "127.0.0.1:0")
+    address = f"127.0.0.1:{server.port}"
+    layout = make_layout([("w", (size,))], [("s", (state,))] if state else [])
     fakes = []
     for i in range(workers):
         client = PSClient(address, chunk_bytes or 2 * 1024 * 1024, timeout_s=30)
         reg = client.register(i, layout, shard_size=100)
         if reg.send_init:
-            client.init(i, layout, np.zeros(size, np.float32))
-        fakes.append(FakeWorker(i, client, layout, size))
+            client.init(i, layout, np.zeros(size + state, np.float32))
+        fakes.append(FakeWorker(i, client, layout, size + state))
     for w in fakes:
         w.version = w.client.pull(w.params, worker=w.index, wait_initialized=True).order.version
     return LiveCluster(ps, address, tmp_path, fakes, layout, server)

@@ -50,6 +50,50 @@ def test_assign_round_trips_flat_parameters_without_rebuilding():
     flat = np.arange(gc.size, dtype=np.float32) / gc.size
     gc.assign(flat)
     assert gc.model is model_before
-    np.testing.assert_array_equal(gc.flat_params(), flat)
-    names = [n for n, _ in gc.specs()]
+    np.testing.assert_array_equal(gc.weights.read(), flat)
+    layout = gc.weights.layout()
+    names = [v.name for v in (*layout.variables, *layout.state)]
     assert len(set(names)) == len(names), "variable names in the layout must be unique"
+
+
+def _bn_computer() -> tuple[GradientComputer, np.ndarray, np.ndarray]:
+    """A small model with BatchNorm: its moving statistics are the non-trainable state."""
+    import keras
+
+    data = load_dataset("digits")
+    keras.utils.set_random_seed(0)
+    x = keras.Input((64,))
+    h = keras.layers.BatchNormalization(name="bn")(keras.layers.Dense(8, name="d1")(x))
+    model = keras.Model(x, keras.layers.Dense(10, name="out")(keras.layers.ReLU()(h)))
+    return GradientComputer(model), data.x_train[:64], data.y_train[:64]
+
+
+def test_the_push_payload_ends_with_the_models_state_after_the_step():
+    gc, x, y = _bn_computer()
+    n = gc.weights.trainable_size
+    assert gc.size == n + 16, "moving mean and variance of 8 units follow the 8*64+8+8+8+8*10+10 parameters"
+    layout = gc.weights.layout()
+    assert [v.name for v in layout.state] == ["bn/moving_mean", "bn/moving_variance"]
+    initial_state = gc.weights.read()[n:].copy()
+    payload, _ = gc.compute(x, y, 16)
+    after = gc.weights.read()[n:]
+    assert not np.allclose(after, initial_state), "training-mode forward passes move the statistics"
+    np.testing.assert_array_equal(payload[n:], after)
+    flat = gc.weights.read()
+    flat[n:] = np.arange(16, dtype=np.float32)
+    gc.assign(flat)
+    np.testing.assert_array_equal(gc.model.get_layer("bn").moving_mean.numpy(), np.arange(8))
+
+
+def test_warm_up_traces_every_function_once_and_leaves_the_model_as_it_was():
+    gc, x, y = _bn_computer()
+    before = gc.weights.read()
+    gc.warm_up(x, y, batch=16, micro_batch=4)
+    np.testing.assert_array_equal(gc.weights.read(), before)
+    traced = gc.traces
+    assert traced == 3, "whole-batch, micro-batch and drain functions"
+    for batch, micro in ((16, 16), (16, 4), (7, 3), (1, 1), (40, 16)):  # every size a step can have
+        gc.compute(x[:batch], y[:batch], micro)
+    gc.accumulate(x[:5], y[:5])
+    gc.finish()
+    assert gc.traces == traced, "no step may pay for tracing"

@@ -40,7 +40,12 @@ def check_run_dir(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
     assert len(rows(run_dir / "ps.csv")) == summary["updates"] > 0
-    assert rows(run_dir / "workers.csv") and rows(run_dir / "eval.csv")
+    assert summary["final_version"] == summary["updates"], "the final accuracy is of the last version"
+    evals = rows(run_dir / "eval.csv")
+    assert int(evals[-1]["version"]) == summary["updates"]
+    assert float(evals[-1]["test_accuracy"]) == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
+    assert (run_dir / "model.keras").stat().st_size > 0
+    assert rows(run_dir / "workers.csv")
     events = [json.loads(x)["event"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert "training_started" in events and "training_finished" in events
     return summary
@@ -78,15 +83,6 @@ def test_example_config_trains_digits_to_090(tmp_path, config):
         assert max(int(u["staleness_max"]) for u in updates) >= 1
     if config == "ssp":  # a worker's pushes never run more than s + 1 versions behind 3 workers' clocks
         assert max(int(u["staleness_max"]) for u in updates) <= (2 + 1) * 3
-
-
-def test_quickstart_without_config_reaches_093(tmp_path):
-    proc = subprocess.run([SWITCHPS, "run", "--quiet"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    summary = check_run_dir(run_dir)
-    assert summary["final_test_accuracy"] >= 0.93
-    assert "final_test_accuracy" in proc.stderr  # the summary table
 
 
 def test_crashed_worker_stops_everything_and_is_named(tmp_path):

@@ -8,8 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.model import ModelStore, Snapshot
+from switchps.ps_server.model import ModelStore, Snapshot, make_layout
 from switchps.ps_server.optimizers import make_optimizer, make_schedule
 
 CHUNK = 4096  # bytes = 1024 floats
@@ -17,7 +16,7 @@ CHUNK = 4096  # bytes = 1024 floats
 
 def _store(size: int) -> ModelStore:
     store = ModelStore(lambda n: make_optimizer("sgd", n, make_schedule("constant", 1.0)), chunk_bytes=CHUNK)
-    store.initialize(pb.Layout(digest="x"), np.zeros(size, np.float32))
+    store.initialize(make_layout([("w", (size,))]), np.zeros(size, np.float32))
     return store
 
 

@@ -153,3 +153,21 @@ def test_time_limit_mid_round_applies_the_partial_round(cluster_factory):
     c.engine.store.wait_idle(5)
     np.testing.assert_allclose(c.params, -np.ones(2))
     assert c.engine.rec.counts["accepted"] == 1 and c.engine.rec.counts["dropped"] == 0
+
+
+def test_bsp_state_is_the_mean_of_the_rounds_contributors_and_the_optimizer_never_touches_it(cluster_factory):
+    c = cluster_factory(workers=2, size=2, state=2, protocol={"batch": 4})
+    w0, w1 = c.workers
+    p0 = w0.push_async(np.array([1, 1, 2, 4], G), 2)  # Σ gradient over 2 samples, then this worker's state
+    w1.push(np.array([3, 3, 4, 8], G), 2)
+    p0.result()
+    np.testing.assert_allclose(c.params, [-1, -1, 3, 6])  # gradient (1 + 3) / 4 with lr 1; state (2+4)/2, (4+8)/2
+    np.testing.assert_array_equal(w1.params, c.params)  # the reply carries the new state too
+    assert c.engine.store.optimizer.size == 2, "the optimizer holds slots for the trainable part only"
+
+
+def test_asp_state_is_the_latest_pushers(cluster_factory):
+    c = cluster_factory(workers=2, size=2, state=2, protocol={"name": "asp"})
+    c.workers[0].push(np.array([1, 1, 5, 5], G), 1)
+    c.workers[1].push(np.array([1, 1, 7, 9], G), 1)
+    np.testing.assert_allclose(c.params, [-2, -2, 7, 9])

@@ -199,3 +199,32 @@ def test_a_switch_remembers_the_step_in_force_when_it_was_decided(cluster_factor
     c.engine.step_times.extend([1.0] * 20 + [0.3] * 6)  # the last 2N steps are the recent ones
     _switch(c, name="asp")
     assert c.engine.switches[-1].step_s == pytest.approx(0.3)
+
+
+def test_lr_scale_after_a_round_trip_does_not_depend_on_who_was_active(cluster_factory):
+    c = cluster_factory(workers=8, size=2, protocol={"batch": 4})
+    _switch(c, name="asp")
+    assert _lr_scale(c) == pytest.approx(1 / 8)
+    with c.engine.cond:  # two of eight workers miss a deadline while ASP is in force
+        for w in (6, 7):
+            c.engine._deactivate(w, "test")
+    _switch(c, name="bsp")
+    assert _lr_scale(c) == 1.0
+    for _ in range(5):  # greedy flips back and forth
+        _switch(c, name="asp")
+        _switch(c, name="bsp")
+    assert _lr_scale(c) == 1.0
+    with c.engine.cond:
+        c.engine.exclude(frozenset({5}), "slow", "manual")  # elastic exclusion is not a protocol change
+    _switch(c, name="asp")
+    assert _lr_scale(c) == pytest.approx(1 / 8)
+
+
+def test_amb_rescales_by_the_samples_its_workers_measurably_did(cluster_factory):
+    c = cluster_factory(workers=2, size=2, protocol={"batch": 8})
+    _switch(c, name="amb", time_budget_s=0.5)
+    assert _lr_scale(c) == 1.0, "nothing measured yet: the nominal batch"
+    p = c.workers[0].push_async(np.ones(2, G), 2)
+    c.workers[1].push(np.ones(2, G), 6)
+    p.result()
+    assert _lr_scale(c) == pytest.approx(8 / 16), "a mean of 4 samples per worker-step against 8"

@@ -2,18 +2,19 @@
 
 Each micro-batch's gradient is added into accumulator variables inside a
 ``tf.function``; nothing crosses to the host until the whole step is done,
-when the accumulators are flattened into one float32 vector (the push
-payload). Pulled parameters are assigned back into the model's variables
-with one call, without rebuilding the model.
+when the accumulators and the model's non-trainable state are flattened into
+one float32 vector (the push payload: Σ gradient, then state). Every function
+has an input signature with a free batch dimension, so ``warm_up`` traces each
+exactly once, before the worker reports ready, and no step ever pays for it.
 """
 
 from __future__ import annotations
 
-import math
-
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
+
+from switchps.worker.weights import FlatWeights
 
 
 def configure_threads(intra_op: int, inter_op: int) -> None:
@@ -23,33 +24,37 @@ def configure_threads(intra_op: int, inter_op: int) -> None:
 
 
 class GradientComputer:
-    """Computes Σ per-sample gradients of the cross-entropy over a step's samples."""
+    """Computes Σ per-sample gradients of the cross-entropy over a step's samples.
 
-    def __init__(self, model: keras.Model) -> None:
+    ``traces`` counts how often a function was traced: after ``warm_up`` it stays put.
+    """
+
+    def __init__(self, model: keras.Model, input_shape: tuple[int, ...] | None = None) -> None:
         self.model = model
-        self.variables = list(model.trainable_variables)
-        self.shapes = [tuple(v.shape) for v in self.variables]
-        self.sizes = [math.prod(s) for s in self.shapes]
-        self.size = sum(self.sizes)
-        self._accs = [tf.Variable(tf.zeros(s, v.dtype), trainable=False) for s, v in zip(self.shapes, self.variables)]
+        self.weights = FlatWeights(model)
+        self.variables = self.weights.trainable
+        self.size = self.weights.size
+        self._accs = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in self.variables]
         self._loss_acc = tf.Variable(0.0, trainable=False)
         self._loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+        shape = tuple(input_shape or model.input_shape[1:])
+        batch = [tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int32)]
+        self._accumulate = tf.function(self._accumulate_fn, input_signature=batch)
+        self._whole = tf.function(self._whole_fn, input_signature=batch)
+        self._drain = tf.function(self._drain_fn)
+        self.traces = 0
 
-    def specs(self) -> list[tuple[str, tuple[int, ...]]]:
-        """(name, shape) per variable, in wire order; unique names via their paths."""
-        return [(getattr(v, "path", v.name), s) for v, s in zip(self.variables, self.shapes)]
-
-    @tf.function(reduce_retracing=True)
-    def _accumulate(self, x: tf.Tensor, y: tf.Tensor) -> None:
+    def _accumulate_fn(self, x: tf.Tensor, y: tf.Tensor) -> None:
+        self.traces += 1  # Python side effect: runs only while tracing
         with tf.GradientTape() as tape:
             loss = self._loss(y, self.model(x, training=True))
         for acc, g in zip(self._accs, tape.gradient(loss, self.variables)):
             acc.assign_add(g)
         self._loss_acc.assign_add(loss)
 
-    @tf.function
-    def _drain(self) -> tuple[tf.Tensor, tf.Tensor]:
-        flat = tf.concat([tf.reshape(a.read_value(), [-1]) for a in self._accs], axis=0)
+    def _drain_fn(self) -> tuple[tf.Tensor, tf.Tensor]:
+        self.traces += 1
+        flat = tf.concat([tf.reshape(a.read_value(), [-1]) for a in self._accs] + [self.weights.state_tensor()], 0)
         loss = self._loss_acc.read_value()
         with tf.control_dependencies([flat, loss]):
             for a in self._accs:
@@ -57,24 +62,34 @@ class GradientComputer:
             self._loss_acc.assign(0.0)
         return flat, loss
 
-    def finish(self) -> tuple[np.ndarray, float]:
-        """The accumulated Σ gradient as one flat float32 array, and the summed loss; resets."""
-        flat, loss = self._drain()
-        return flat.numpy(), float(loss)
-
-    @tf.function(reduce_retracing=True)
-    def _whole(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _whole_fn(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        self.traces += 1
         with tf.GradientTape() as tape:
             loss = self._loss(y, self.model(x, training=True))
         grads = tape.gradient(loss, self.variables)
-        return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0), loss
+        return tf.concat([tf.reshape(g, [-1]) for g in grads] + [self.weights.state_tensor()], 0), loss
+
+    def warm_up(self, x: np.ndarray, y: np.ndarray, batch: int, micro_batch: int) -> None:
+        """Trace every function and run it twice at the step's sizes, now rather than in the first timed
+        step (the first runs at a new size set up kernels too); leaves weights and state as they were."""
+        initial = self.weights.read()
+        for _ in range(2):
+            self._whole(x[:batch], y[:batch])
+            self._accumulate(x[:micro_batch], y[:micro_batch])
+            self._drain()
+        self.weights.assign(initial)
 
     def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
         """Add one micro-batch's Σ gradient and summed loss to the accumulators (no host copy)."""
         self._accumulate(x, y)
 
+    def finish(self) -> tuple[np.ndarray, float]:
+        """The push payload (accumulated Σ gradient, then the model's state) and the summed loss; resets."""
+        flat, loss = self._drain()
+        return flat.numpy(), float(loss)
+
     def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
-        """Σ gradient and summed loss over all of ``x``, one micro-batch at a time."""
+        """The push payload and summed loss over all of ``x``, one micro-batch at a time."""
         if len(x) <= micro_batch:  # one micro-batch: no accumulators, one call
             flat, loss = self._whole(x, y)
             return flat.numpy(), float(loss)
@@ -82,14 +97,6 @@ class GradientComputer:
             self._accumulate(x[i : i + micro_batch], y[i : i + micro_batch])
         return self.finish()
 
-    @tf.function
-    def _assign(self, flat: tf.Tensor) -> None:
-        for v, part, shape in zip(self.variables, tf.split(flat, self.sizes), self.shapes):
-            v.assign(tf.reshape(part, shape))
-
     def assign(self, flat: np.ndarray) -> None:
-        """Load a flat parameter vector into the model's variables."""
-        self._assign(tf.convert_to_tensor(flat))
-
-    def flat_params(self) -> np.ndarray:
-        return np.concatenate([v.numpy().ravel() for v in self.variables]).astype(np.float32, copy=False)
+        """Load a pulled vector (parameters, then state) into the model."""
+        self.weights.assign(flat)
