@@ -54,17 +54,19 @@ def serve_raw(port: int, chunk_bytes: int, tuned: bool) -> None:
 
 
 def serve_ps(port: int) -> None:
+    import tempfile
+    import threading
+    from pathlib import Path
+
     from switchps.config import parse_config
     from switchps.ps_server.main import build_engine
-    from switchps.ps_server.service import ParameterServer, start_server
-    import tempfile
-    from pathlib import Path
+    from switchps.ps_server.service import ParameterServer, Server
 
     cfg = parse_config({"cluster": {"workers": 1}, "protocol": {"name": "asp"},
                         "optimizer": {"name": "sgd", "learning_rate": 1e-6}, "train": {"steps": 10**9}})
     engine = build_engine(cfg, Path(tempfile.mkdtemp(prefix="switchps-bench-")))
-    server, _, _ = start_server(ParameterServer(engine, 1), f"127.0.0.1:{port}", max_workers=8)
-    server.wait_for_termination()
+    Server(ParameterServer(engine, 1), f"127.0.0.1:{port}")
+    threading.Event().wait()  # serve until killed
 
 
 def _spawn(*args: str) -> subprocess.Popen:

@@ -179,10 +179,12 @@ def make_schedule(
             )
         base = _Piecewise(tuple(int(b) for b in boundaries), tuple(float(v) for v in values))
     elif kind == "exponential":
+        assert decay_steps is not None  # checked above for both decaying kinds
         if decay_rate is None:
             raise ValueError("schedule 'exponential' needs decay_rate")
         base = _Exponential(float(learning_rate), decay_steps, float(decay_rate), staircase)
     else:
+        assert decay_steps is not None
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         base = _Cosine(float(learning_rate), decay_steps, float(alpha))

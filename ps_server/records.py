@@ -86,9 +86,10 @@ class RunRecorder:
 
     def straggler(self, **row: Any) -> None:
         """One row of the straggler trace, at full precision so a replay is exact."""
+        values = (row[c] for c in TRACE_FILE_COLUMNS)
         with self._lock:
-            values = (row[c] for c in TRACE_FILE_COLUMNS)
-            self.trace.rows.append(tuple(repr(v) if isinstance(v, float) else v for v in values))
+            if self.trace is not None:
+                self.trace.rows.append(tuple(repr(v) if isinstance(v, float) else v for v in values))
 
     def evaluation(self, version: int, test_loss: float, test_accuracy: float) -> None:
         t = self.now()

@@ -112,9 +112,8 @@ class ParameterServer:
             raise _invalid("layout", "the layout's digest does not match its variables")
         with self.store.lock:
             first = self._layout is None
-            if first:
-                self._layout = layout
-        if layout.digest != self._layout.digest:
+            adopted = self._layout = self._layout or layout
+        if layout.digest != adopted.digest:
             raise _precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
                                           "(same model config on every worker?)")
         return first

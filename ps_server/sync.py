@@ -178,7 +178,7 @@ class SyncEngine:
         elif t.epochs:
             frac = self.samples_applied / max(1, t.epochs * sum(self.registered.values()))
         else:
-            frac = self.elapsed() / t.seconds
+            frac = self.elapsed() / t.seconds if t.seconds else 0.0
         return min(1.0, frac)
 
     def _check_finished(self) -> None:
@@ -392,8 +392,9 @@ class SyncEngine:
 
     def _complete(self, r: _Round) -> None:
         self._round = None
+        assert r.acc is not None, "a round exists only with a member, whose buffer is the accumulator"
         self._submit(r.acc, r.members, r.staleness, r.started)
-        if self.protocol.name == "amb" and self.reference.name != "amb":
+        if self.protocol.name == "amb":
             self._rescale()  # AMB's effective batch is what its workers measurably did
         if self._pending is not None:
             self._switch_now(*self._pending)

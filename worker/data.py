@@ -209,9 +209,10 @@ def _npz(file: Path, seed: int, test_fraction: float) -> Dataset:
         raise ValueError(f"npz: {file} lacks {', '.join(missing)} (has {', '.join(arrays) or 'nothing'})")
     y_train = arrays["y_train"].astype(np.int32).reshape(-1)
     y_test = arrays["y_test"].astype(np.int32).reshape(-1) if "y_test" in arrays else None
-    for x, y, split in ((arrays["x_train"], y_train, "train"), (arrays.get("x_test"), y_test, "test")):
-        if y is not None and len(x) != len(y):
-            raise ValueError(f"npz: {file} has {len(x)} x_{split} but {len(y)} y_{split}")
+    splits = [("train", y_train)] + ([("test", y_test)] if y_test is not None else [])
+    for split, y in splits:
+        if len(arrays[f"x_{split}"]) != len(y):
+            raise ValueError(f"npz: {file} has {len(arrays[f'x_{split}'])} x_{split} but {len(y)} y_{split}")
     if y_test is None:
         d = _split(arrays["x_train"], y_train, seed, test_fraction, int(y_train.max()) + 1)
         return _images(d.x_train, d.y_train, d.x_test, d.y_test, d.num_classes)

@@ -24,7 +24,7 @@ from switchps.config import RunConfig
 import keras
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.worker.client import PSClient, Reply
+from switchps.worker.client import PSClient
 from switchps.worker.data import Dataset, load_dataset
 from switchps.worker.gradients import GradientComputer, configure_threads
 from switchps.worker.models import build_model
@@ -155,7 +155,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         header = pb.PushHeader(worker=index, base_version=order.version, samples=s.samples,
                                layout_digest=layout.digest, stats=stats)
         t1 = time.perf_counter()
-        reply: Reply = client.push(header, s.grad, params)
+        reply = client.push(header, s.grad, params)
         received_at = time.perf_counter()
         send_s, wait_s = received_at - t1, reply.reply.wait_s
         if reply.fresh:

@@ -117,7 +117,8 @@ class MixtureSpec(_Spec):
 
     def components(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(means_s, stds_s, probabilities), with ``scale`` applied and weights normalized."""
-        table = np.asarray(self.rows if self.rows is not None else MIXTURES[self.preset], float)
+        rows = self.rows if self.rows is not None else MIXTURES[self.preset or ""]
+        table = np.asarray(rows, dtype=np.float64)
         return table[:, 0] * self.scale, table[:, 1] * self.scale, table[:, 2] / table[:, 2].sum()
 
     @property
@@ -172,7 +173,8 @@ class TransientSpec(_Spec):
             if v < 1:
                 raise ValueError(f"need at least one worker, got {v}")
             return v
-        return _check_indices(v, "workers")
+        _check_indices(v, "workers")
+        return v
 
     @field_validator("times")
     @classmethod
@@ -301,7 +303,7 @@ class StragglerInjector:
             self._episode_rng = np.random.default_rng([seed, _TRANSIENT])
             if spec.transient.times is not None:
                 for start in sorted(spec.transient.times):
-                    self._add_episode(start)
+                    self._add_episode(spec.transient, start)
 
     def _check_workers(self) -> None:
         n, s = self.num_workers, self.spec
@@ -318,8 +320,7 @@ class StragglerInjector:
         if bad:
             raise ValueError(f"stragglers name worker(s) {bad} but the run has {n} workers")
 
-    def _add_episode(self, start: float) -> None:
-        tr = self.spec.transient
+    def _add_episode(self, tr: TransientSpec, start: float) -> None:
         if isinstance(tr.workers, int):
             chosen = tuple(sorted(int(w) for w in self._episode_rng.choice(self.num_workers, tr.workers, replace=False)))
         else:
@@ -327,12 +328,11 @@ class StragglerInjector:
         self._episodes.append((start, start + tr.duration_s, chosen))
         self._starts.append(start)
 
-    def _extend_episodes(self, t: float) -> None:
+    def _extend_episodes(self, tr: TransientSpec, every_s: float, t: float) -> None:
         """Poisson mode: generate episodes until one starts after ``t``."""
-        every = self.spec.transient.every_s
         while not self._starts or self._starts[-1] <= t:
             last = self._starts[-1] if self._starts else 0.0
-            self._add_episode(last + float(self._episode_rng.exponential(every)))
+            self._add_episode(tr, last + float(self._episode_rng.exponential(every_s)))
 
     def episodes(self) -> list[tuple[float, float, tuple[int, ...]]]:
         """Episodes known so far as (start_s, end_s, workers); the same on every worker."""
@@ -344,7 +344,7 @@ class StragglerInjector:
         if tr is None:
             return 1.0, 0.0
         if tr.every_s is not None:
-            self._extend_episodes(t)
+            self._extend_episodes(tr, tr.every_s, t)
         factor, delay = 1.0, 0.0
         # Starts are sorted and durations equal, so ends are sorted too: walk back until one ended.
         for start, end, chosen in reversed(self._episodes[: bisect.bisect_right(self._starts, t)]):
@@ -353,7 +353,7 @@ class StragglerInjector:
             if self.worker in chosen:
                 if tr.factor is not None:
                     factor = max(factor, tr.factor)
-                else:
+                elif tr.delay_s is not None:
                     delay += tr.delay_s
         return factor, delay
 
@@ -373,7 +373,7 @@ class StragglerInjector:
             return 0.0
         if c.fixed_s is not None:
             return float(c.fixed_s)
-        return float(abs(c.sigma_s * self._rng(_COMM, step).standard_normal()))
+        return float(abs((c.sigma_s or 0.0) * self._rng(_COMM, step).standard_normal()))
 
     def plan(self, step: int, t: float) -> StepDelays:
         """Delays for ``step``, which starts ``t`` seconds after training started.
