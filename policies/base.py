@@ -7,9 +7,10 @@ or a ``Decision``; the controller applies it live, without a restart.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from switchps.imports import load_object
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,13 @@ class Policy:
 
 
 def load_policy_class(path: str) -> type[Policy]:
-    """Import ``package.module:ClassName`` and check it is a Policy."""
-    module, sep, attr = path.partition(":")
-    if not sep:
-        raise ValueError(f"policy {path!r}: expected a built-in name or module:Class")
+    """Import ``package.module:ClassName`` (from the working directory too) and check it is a Policy."""
     try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+        cls = load_object(path)
+    except ImportError as e:
         raise ValueError(f"policy {path!r}: cannot import ({e})") from None
+    except ValueError as e:
+        raise ValueError(f"policy {path!r}: {e}") from None
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
         raise ValueError(f"policy {path!r}: not a switchps.policies.base.Policy subclass")
     return cls

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from switchps.policies.base import Policy, load_policy_class
+from switchps.problems import did_you_mean
 
 BUILTIN = {
     "schedule": "switchps.policies.schedule:Schedule",
@@ -15,9 +16,17 @@ BUILTIN = {
 }
 
 
+def policy_class(name: str) -> type[Policy]:
+    """A built-in policy's class, or a Policy subclass by import path; ValueError says what is wrong."""
+    if name not in BUILTIN and ":" not in name:
+        raise ValueError(f"unknown policy {name!r}{did_you_mean(name, BUILTIN)}; "
+                         f"expected one of {', '.join(BUILTIN)} or module:Class")
+    return load_policy_class(BUILTIN.get(name, name))
+
+
 def make_policy(name: str, kwargs: dict[str, Any], every_k: int = 10) -> Policy:
     """Build a policy; bad names or arguments raise ValueError naming them."""
-    cls = load_policy_class(BUILTIN.get(name, name))
+    cls = policy_class(name)
     try:
         policy = cls(**kwargs)
     except TypeError as e:

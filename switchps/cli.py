@@ -51,9 +51,9 @@ def _tf_config(cfg: RunConfig, role: str, index: int | None) -> int | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set, role="run")
     from switchps.launcher import LaunchError, console, launch, summary_table
 
-    cfg = load_config(args.config, args.set)
     try:
         run_dir, summary = launch(cfg, quiet=args.quiet)
     except LaunchError as e:
@@ -68,10 +68,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set, role="ps")
+    _tf_config(cfg, "ps", None)
     from switchps.ps_server.main import run_ps
 
-    cfg = load_config(args.config, args.set)
-    _tf_config(cfg, "ps", None)
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output.dir) / cfg.run_dir_name()
     summary = run_ps(cfg, run_dir)
     print(json.dumps(summary))
@@ -79,7 +79,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, role="worker")
     index = _tf_config(cfg, "worker", args.index)
     if index is None:
         raise ConfigError("worker: give --index or a TF_CONFIG with task.index")
@@ -93,7 +93,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluator(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, role="evaluator")
     _tf_config(cfg, "evaluator", None)
     from switchps.worker.main import run_evaluator
 
@@ -148,9 +148,9 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_tune_switch(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set, role="run")
     from switchps.tune import tune_switch
 
-    cfg = load_config(args.config, args.set)
     tune_switch(cfg, args.tolerance, args.repeats, args.min_fraction, quiet=args.quiet)
     return 0
 
@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as e:
-        print(f"switchps: config error: {e}", file=sys.stderr)
+        for problem in e.problems:
+            print(f"switchps: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
 
 

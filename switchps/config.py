@@ -1,39 +1,64 @@
-"""One YAML file describes a run; this module validates it strictly.
+"""One YAML file describes a run; this module validates it strictly, before any process starts.
 
-Every section forbids unknown keys. ``load_config`` raises ``ConfigError``
-whose message is one line naming the offending field, and ``--set`` style
-overrides (``protocol.name=asp``) are applied before validation.
+Every section forbids unknown keys, numbers are finite and bounded, and the
+optimizer, schedule, model and policy are checked against what builds them.
+``load_config`` raises ``ConfigError`` listing every problem at once, one line
+each naming its field; ``--set`` style overrides (``protocol.name=asp``) are
+applied before validation.
+
+Checks that need more than the config run only when a command asks for them
+with its ``role`` (see ``switchps.checks``): importing a ``module:function``
+model (the ``ps`` only finds its module) and finding the dataset files.
 """
 
 from __future__ import annotations
 
 import os
-from importlib.resources import files
+from collections.abc import Sequence
 from datetime import datetime
+from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
+)
 
+from switchps.checks import Role, data_problems, model_problems, optimizer_problems, policy_problems
+from switchps.problems import ConfigError, Problems, describe
+from switchps.ps_server.optimizers import make_schedule
 from switchps.worker.stragglers import StragglerSpec
+
+__all__ = ["ConfigError", "RunConfig", "load_config", "parse_config"]
 
 PROTOCOLS = ("bsp", "asp", "ssp")
 
-
-class ConfigError(ValueError):
-    """A bad config: the message is one line naming the field."""
+MAX_WORKERS = 1024
+"""Each worker is a process and two PS server threads; protobuf counts workers in int32."""
+MAX_BATCH = 2**20
+"""Samples per step: one step's micro-batches are NumPy arrays built at once."""
+MAX_STEPS = 2**31 - 1
+"""Model versions and schedule steps: far beyond any run, and within every int32/int64 on the wire."""
+MAX_SEED = 2**32 - 1
+"""NumPy's legacy seeding (used by keras.utils.set_random_seed) takes [0, 2**32 - 1]."""
+MAX_THREADS = 256
+"""TensorFlow op threads per process."""
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _role(info: ValidationInfo) -> Role | None:
+    return (info.context or {}).get("role")
 
 
 class Cluster(Section):
     ps: str = "127.0.0.1:0"
     """host:port of the PS; port 0 lets `switchps run` pick a free one."""
     workers: int | list[str] = 4
-    """Number of local workers, or the list of worker addresses (one per host)."""
+    """Number of local workers, or the list of worker addresses (one per host); at most 1024."""
     startup_timeout_s: float = Field(120.0, gt=0)
     """How long the PS waits for every worker to register before starting with those present."""
 
@@ -43,9 +68,12 @@ class Cluster(Section):
 
     @field_validator("workers")
     @classmethod
-    def _positive(cls, v: int | list[str]) -> int | list[str]:
-        if (v if isinstance(v, int) else len(v)) < 1:
+    def _count(cls, v: int | list[str]) -> int | list[str]:
+        n = v if isinstance(v, int) else len(v)
+        if n < 1:
             raise ValueError("need at least one worker")
+        if n > MAX_WORKERS:
+            raise ValueError(f"at most {MAX_WORKERS} workers, got {n}")
         return v
 
     @field_validator("ps")
@@ -59,34 +87,57 @@ class Cluster(Section):
 
 class ModelSpec(Section):
     name: str = "mlp"
-    """A zoo name (logreg, mlp, cnn, resnet20, resnet32) or an import path `module:function`."""
+    """A zoo name (logreg, mlp, cnn, resnet20, resnet32) or an import path `module:function`
+    (a module in the working directory is found without PYTHONPATH)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Passed to the builder; checked against its signature."""
+
+    @model_validator(mode="after")
+    def _builds(self, info: ValidationInfo) -> "ModelSpec":
+        if problems := model_problems(self.name, self.kwargs, _role(info)):
+            raise Problems(problems)
+        return self
 
 
 class DataSpec(Section):
     name: Literal["digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "npz"] = "digits"
     path: str | None = None
     test_fraction: float = Field(0.2, gt=0, lt=1)
-    num_samples: int = Field(10000, gt=0)
-    num_features: int = Field(20, gt=0)
-    num_classes: int = Field(10, gt=1)
+    num_samples: int = Field(10000, gt=0, le=10**7)
+    """synthetic (generated in memory): at most 10**7 samples, and 10**4 features and classes."""
+    num_features: int = Field(20, gt=0, le=10**4)
+    num_classes: int = Field(10, gt=1, le=10**4)
 
     @model_validator(mode="after")
-    def _npz_needs_path(self) -> "DataSpec":
+    def _files(self, info: ValidationInfo) -> "DataSpec":
+        """npz needs a path; processes that load the data need its files, checked before anything starts."""
         if self.name == "npz" and not self.path:
             raise ValueError("path is required when name is npz")
+        if problems := data_problems(self.name, self.path, _role(info)):
+            raise Problems(problems)
         return self
 
 
+Step = Annotated[int, Field(ge=0, le=MAX_STEPS)]
+
+
 class ScheduleSpec(Section):
+    """Built here as the PS builds it, so a bad combination fails before any process starts."""
+
     kind: Literal["constant", "step", "exponential", "cosine"] = "constant"
-    boundaries: list[int] | None = None
+    boundaries: list[Step] | None = None
+    """step: increasing update counts; these and the other step counts are at most 2**31 - 1."""
     values: list[float] | None = None
-    decay_steps: int | None = Field(None, gt=0)
+    decay_steps: int | None = Field(None, gt=0, le=MAX_STEPS)
     decay_rate: float | None = Field(None, gt=0)
     alpha: float = 0.0
     staircase: bool = False
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+
+    @model_validator(mode="after")
+    def _builds(self) -> "ScheduleSpec":
+        make_schedule(self.kind, 1.0, **self.model_dump(exclude={"kind"}, exclude_none=True))
+        return self
 
 
 class OptimizerSpec(Section):
@@ -94,7 +145,15 @@ class OptimizerSpec(Section):
     learning_rate: float = Field(0.1, gt=0)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     params: dict[str, float] = Field(default_factory=dict)
-    """Extra hyper-parameters: momentum, rho, beta_1, beta_2, epsilon, initial_accumulator_value."""
+    """Extra hyper-parameters: momentum, rho, beta_1, beta_2, epsilon, initial_accumulator_value,
+    as the optimizer named accepts them."""
+
+    @field_validator("params")
+    @classmethod
+    def _builds(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        if "name" in info.data and (problems := optimizer_problems(info.data["name"], v)):
+            raise Problems(problems)
+        return v
 
 
 SYNCHRONOUS = ("bsp", "amb", "fmb")
@@ -103,20 +162,20 @@ SYNCHRONOUS = ("bsp", "amb", "fmb")
 
 class ProtocolSpec(Section):
     name: Literal["bsp", "asp", "ssp", "amb", "fmb"] = "bsp"
-    batch: int = Field(32, gt=0)
-    """Samples per worker step (the sample budget); FMB is BSP with this fixed batch."""
-    micro_batch: int | None = Field(None, gt=0)
-    """Samples per gradient micro-batch; defaults to `batch`."""
+    batch: int = Field(32, gt=0, le=MAX_BATCH)
+    """Samples per worker step (the sample budget), at most 2**20; FMB is BSP with this fixed batch."""
+    micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH)
+    """Samples per gradient micro-batch, at most 2**20; defaults to `batch`."""
     time_budget_s: float | None = Field(None, gt=0)
     """AMB only: T, the compute time per step, from receiving the work order to pushing."""
-    max_batch: int | None = Field(None, gt=0)
-    """AMB only: the upper bound on samples per step (default 4 x batch)."""
+    max_batch: int | None = Field(None, gt=0, le=MAX_BATCH)
+    """AMB only: the upper bound on samples per step (default 4 x batch), at most 2**20."""
     deadline_s: float = Field(30.0, gt=0)
     """A worker that has not pushed this long after a round began is marked inactive."""
-    backup_workers: int = Field(0, ge=0)
-    """BSP only: complete a round on the first N-k pushes and drop the k late ones."""
-    staleness: int = Field(3, ge=0)
-    """SSP only: how many clocks a worker may run ahead of the slowest."""
+    backup_workers: int = Field(0, ge=0, lt=MAX_WORKERS)
+    """BSP only: complete a round on the first N-k pushes and drop the k late ones (k < N)."""
+    staleness: int = Field(3, ge=0, le=MAX_STEPS)
+    """SSP only: how many clocks a worker may run ahead of the slowest (at most 2**31 - 1)."""
     staleness_lr: bool = False
     """ASP/SSP: damp the learning rate by staleness, lr/(1+tau)."""
 
@@ -180,24 +239,23 @@ class PolicySpec(Section):
     name: str | None = None
     """schedule | greedy | elastic | anytime | dynamic_batching | module:Class (None: no policy)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    every_k: int = Field(10, gt=0)
-    """Under ASP/SSP the policy is consulted every k updates (every round otherwise)."""
-    window: int = Field(5, gt=0)
-    """Recent steps per worker in the stats snapshot."""
+    every_k: int = Field(10, gt=0, le=MAX_STEPS)
+    """Under ASP/SSP the policy is consulted every k updates (every round otherwise); at most 2**31 - 1."""
+    window: int = Field(5, gt=0, le=2**20)
+    """Recent steps per worker in the stats snapshot (kept in memory; at most 2**20)."""
     on_switch: SwitchSpec = Field(default_factory=SwitchSpec)
 
     @model_validator(mode="after")
     def _builds(self) -> "PolicySpec":
-        if self.name is not None:
-            from switchps.policies.registry import make_policy
-
-            make_policy(self.name, self.kwargs, self.every_k)
+        """Policies run in the PS, so every process can build one: a bad name or kwargs fails here."""
+        if self.name is not None and (problems := policy_problems(self.name, self.kwargs, self.every_k)):
+            raise Problems(problems)
         return self
 
 
 class TrainSpec(Section):
-    steps: int | None = Field(None, gt=0)
-    """Stop after this many model updates (versions)."""
+    steps: int | None = Field(None, gt=0, le=MAX_STEPS)
+    """Stop after this many model updates (versions), at most 2**31 - 1."""
     epochs: float | None = Field(None, gt=0)
     """Stop after this many passes over the training set (counted in applied samples)."""
     seconds: float | None = Field(None, gt=0)
@@ -223,8 +281,9 @@ class OutputSpec(Section):
 
 
 class RuntimeSpec(Section):
-    intra_op_threads: int = Field(1, ge=1)
-    inter_op_threads: int = Field(1, ge=1)
+    intra_op_threads: int = Field(1, ge=1, le=MAX_THREADS)
+    """TensorFlow threads per process, at most 256 (as is inter_op_threads)."""
+    inter_op_threads: int = Field(1, ge=1, le=MAX_THREADS)
     chunk_mb: float = Field(2.0, gt=0, le=32)
     """Size of raw tensor frames on the wire."""
     metrics_port: int | None = Field(None, ge=0, le=65535)
@@ -237,7 +296,8 @@ class RuntimeSpec(Section):
 
 class RunConfig(Section):
     name: str = "run"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seeds data splits, weights and stragglers; in [0, 2**32 - 1], as NumPy requires."""
     cluster: Cluster = Field(default_factory=Cluster)
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
@@ -256,7 +316,7 @@ class RunConfig(Section):
     def _cross_checks(self) -> "RunConfig":
         n = self.cluster.num_workers
         if self.protocol.backup_workers >= n:
-            raise ValueError(f"protocol.backup_workers must be below the number of workers ({n})")
+            raise Problems([("protocol.backup_workers", f"must be below the number of workers ({n})")])
         return self
 
     def run_dir_name(self) -> str:
@@ -278,38 +338,61 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{key}: {part} is not a section")
         node = child
-    node[leaf] = yaml.safe_load(value)
+    try:
+        node[leaf] = yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise ConfigError(f"{key}: --set value {value!r} is not valid YAML") from None
 
 
-def _one_line(err: ValidationError) -> str:
-    e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"])
-    msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg
-
-
-def parse_config(raw: Any, overrides: list[str] = ()) -> RunConfig:
+def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = None) -> RunConfig:
+    """Override and validate ``raw``; ``role`` adds the checks that command needs (see the module doc)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError("config: the top level must be a mapping")
+        raise ConfigError(f"config: the top level must be a mapping of sections, got a {type(raw).__name__}")
+    problems: list[str] = []
     for o in overrides:
-        apply_override(raw, o)
+        try:
+            apply_override(raw, o)
+        except ConfigError as e:
+            problems += e.problems
     try:
-        return RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(raw, context={"role": role})
     except ValidationError as err:
-        raise ConfigError(_one_line(err)) from None
+        problems += describe(err, raw, RunConfig)
+    if problems:
+        raise ConfigError(*problems)
+    return cfg
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
-    """Load, override and validate a YAML config (``None`` = the quickstart)."""
-    p = Path(path) if path else Path(str(files("switchps.configs") / "quickstart.yaml"))
+def read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; each way reading it can fail is one ConfigError naming the file."""
     try:
-        raw = yaml.safe_load(p.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"config: file not found: {p}") from None
+        raise ConfigError(f"config: file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config: {path} is a directory, not a YAML file") from None
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = f"byte 0x{data[e.start]:02x} at offset {e.start}"
+        raise ConfigError(f"config: {path} is not UTF-8 text ({where})") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
-    return parse_config(raw, overrides)
+        raise ConfigError(f"config: {path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if raw is None:
+        raise ConfigError(f"config: {path} is empty (or only comments); a run needs at least one section, "
+                          "e.g. train: {epochs: 1}")
+    return raw
+
+
+def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = (), role: Role | None = None) -> RunConfig:
+    """Load, override and validate a YAML config (``None`` = the quickstart) for ``role``."""
+    p = Path(path) if path else Path(str(files("switchps.configs") / "quickstart.yaml"))
+    return parse_config(read_yaml(p), overrides, role)

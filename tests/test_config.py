@@ -27,7 +27,7 @@ EXAMPLES = sorted(Path(str(files("switchps.configs"))).glob("*.yaml"))
     ("network: {ps_link_mbit_s: 0}", "network.ps_link_mbit_s"),
     ("train: {steps: 10, epochs: 2}", "train: give exactly one of steps, epochs, seconds"),
     ("data: {name: npz}", "data: path is required"),
-    ("cluster: {workers: 2}\nprotocol: {backup_workers: 2}", "protocol.backup_workers must be below"),
+    ("cluster: {workers: 2}\nprotocol: {backup_workers: 2}", "protocol.backup_workers: must be below"),
     ("protocol: [1, 2", "invalid YAML at line"),
     ("- just\n- a list", "the top level must be a mapping"),
 ])

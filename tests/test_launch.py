@@ -86,9 +86,12 @@ def test_example_config_trains_digits_to_090(tmp_path, config):
 
 
 def test_crashed_worker_stops_everything_and_is_named(tmp_path):
-    proc, run_dir = run(tmp_path, str(CONFIGS / "bsp.yaml"), "--set", "model.name=no_such_module:build")
+    # the config check imports the builder and binds its arguments; only calling it fails, in the children
+    (tmp_path / "crashing_model.py").write_text("def build(input_shape, num_classes, **kwargs):\n"
+                                                "    raise RuntimeError('crashing_model: boom')\n")
+    proc, run_dir = run(tmp_path, str(CONFIGS / "bsp.yaml"), "--set", "model.name=crashing_model:build")
     assert proc.returncode == 1
-    assert "exited with code 1" in proc.stderr and "no_such_module" in proc.stderr
+    assert "exited with code 1" in proc.stderr and "crashing_model: boom" in proc.stderr
     assert any(role in proc.stderr for role in ("worker-", "evaluator"))
     assert no_process_mentions(str(run_dir)), "orphan processes survived"
 

@@ -3,7 +3,9 @@
 ``digits`` ships with scikit-learn and ``synthetic`` is generated, so both
 always work offline. The image datasets are read from the files Keras keeps
 in its cache (``$KERAS_HOME/datasets``, default ``~/.keras/datasets``) or
-from ``path``; a missing file raises ``DataNotFoundError`` naming it.
+from ``path``; a missing file raises ``DataNotFoundError`` naming it and where
+to put it. ``locate_files`` finds them without loading anything, so a config
+check can say so before any process starts.
 Features come back float32 (pixels scaled to [0, 1]), labels int32.
 """
 
@@ -76,17 +78,49 @@ def load_dataset(name: str, *, path: str | None = None, seed: int = 0, test_frac
         return _digits(seed, test_fraction)
     if name == "synthetic":
         return _synthetic(seed, test_fraction, num_samples, num_features, num_classes)
+    files = locate_files(name, path)
     if name == "mnist":
-        return _mnist(Path(path) if path else cache_dir() / "mnist.npz")
+        return _mnist(files[0])
     if name == "fashion_mnist":
-        return _fashion_mnist(Path(path) if path else cache_dir() / "fashion-mnist")
+        return _fashion_mnist(files)
     if name in _CIFAR:
-        return _cifar(name, path)
+        return _cifar(name, files)
+    if name == "npz":
+        return _npz(files[0], seed, test_fraction)
+    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+
+
+def locate_files(name: str, path: str | None) -> list[Path]:
+    """The files dataset ``name`` reads, in the order its loader reads them, checked to exist.
+
+    Nothing is loaded. ``digits`` and ``synthetic`` need none. The first missing
+    file raises ``DataNotFoundError`` naming it and where to put it.
+    """
+    if name == "mnist":
+        return [_present(name, Path(path) if path else cache_dir() / "mnist.npz")]
+    if name == "fashion_mnist":
+        directory = Path(path) if path else cache_dir() / "fashion-mnist"
+        hint = (f"put the 4 files {', '.join(_FASHION_FILES)} in {directory} (keras.datasets.fashion_mnist"
+                ".load_data() downloads them on a machine with internet), or point data.path at their folder")
+        return [_present(name, directory / f, hint) for f in _FASHION_FILES]
+    if name in _CIFAR:
+        dirs, train_files, test_files, _, _ = _CIFAR[name]
+        candidates = [Path(path)] if path else [cache_dir() / d for d in dirs]
+        directory = next((d for d in candidates if d.is_dir()), candidates[0])
+        return [_present(name, directory / f) for f in (*train_files, *test_files)]
     if name == "npz":
         if not path:
             raise ValueError("npz: data.path is required")
-        return _npz(Path(path), seed, test_fraction)
-    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+        return [_present(name, Path(path), "check data.path")]
+    return []
+
+
+def _present(name: str, file: Path, hint: str | None = None) -> Path:
+    if not file.is_file():
+        hint = hint or (f"put it there (keras.datasets.{name}.load_data() downloads it on a machine with internet), "
+                        "or point data.path at a copy")
+        raise DataNotFoundError(f"{name}: {file} not found; {hint}")
+    return file
 
 
 def _split(x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float, num_classes: int) -> Dataset:
@@ -124,11 +158,6 @@ def _synthetic(seed: int, test_fraction: float, num_samples: int, num_features: 
     return d
 
 
-def _missing(name: str, file: Path, hint: str | None = None) -> DataNotFoundError:
-    hint = hint or f"download it once with keras.datasets.{name}.load_data() on a machine with internet"
-    return DataNotFoundError(f"{name}: {file} not found; {hint}, or pass data.path")
-
-
 def _pixels(x: np.ndarray) -> np.ndarray:
     """uint8 pixels to float32 in [0, 1]; anything else just to float32."""
     out = x.astype(np.float32)
@@ -146,8 +175,6 @@ def _images(x_train: np.ndarray, y_train, x_test: np.ndarray, y_test, num_classe
 
 
 def _mnist(file: Path) -> Dataset:
-    if not file.is_file():
-        raise _missing("mnist", file)
     with np.load(file) as f:
         return _images(f["x_train"], f["y_train"], f["x_test"], f["y_test"], 10)
 
@@ -163,34 +190,26 @@ def _read_idx(file: Path) -> np.ndarray:
     return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
-def _fashion_mnist(directory: Path) -> Dataset:
-    for fname in _FASHION_FILES:
-        if not (directory / fname).is_file():
-            raise _missing("fashion_mnist", directory / fname,
-                           f"put the 4 files {', '.join(_FASHION_FILES)} in {directory} "
-                           "(keras.datasets.fashion_mnist.load_data() on a machine with internet downloads them)")
-    x_train, y_train, x_test, y_test = (_read_idx(directory / f) for f in _FASHION_FILES)
+def _fashion_mnist(files: list[Path]) -> Dataset:
+    x_train, y_train, x_test, y_test = (_read_idx(f) for f in files)
     return _images(x_train, y_train, x_test, y_test, 10)
 
 
-def _cifar(name: str, path: str | None) -> Dataset:
-    """CIFAR python pickles: (N, 3072) uint8 rows in CHW order."""
-    dirs, train_files, test_files, label_key, classes = _CIFAR[name]
-    candidates = [Path(path)] if path else [cache_dir() / d for d in dirs]
-    directory = next((d for d in candidates if d.is_dir()), candidates[0])
+def _cifar(name: str, files: list[Path]) -> Dataset:
+    """CIFAR python pickles: (N, 3072) uint8 rows in CHW order; ``files`` are the train then the test ones."""
+    _, train_files, _, label_key, classes = _CIFAR[name]
 
-    def load(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def load(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
         xs, ys = [], []
-        for fname in names:
-            if not (directory / fname).is_file():
-                raise _missing(name, directory / fname)
-            with open(directory / fname, "rb") as f:
+        for file in paths:
+            with open(file, "rb") as f:
                 batch = pickle.load(f, encoding="bytes")
             xs.append(np.asarray(batch[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
             ys.append(np.asarray(batch[label_key]))
         return np.concatenate(xs), np.concatenate(ys)
 
-    return _images(*load(train_files), *load(test_files), classes)
+    n = len(train_files)
+    return _images(*load(files[:n]), *load(files[n:]), classes)
 
 
 def _npz(file: Path, seed: int, test_fraction: float) -> Dataset:
@@ -198,8 +217,6 @@ def _npz(file: Path, seed: int, test_fraction: float) -> Dataset:
 
     (N, H, W) arrays get a channel axis; uint8 ones are scaled to [0, 1].
     """
-    if not file.is_file():
-        raise DataNotFoundError(f"npz: {file} not found; check data.path")
     with np.load(file) as f:
         arrays = {k: f[k] for k in f.files}
     missing = [k for k in ("x_train", "y_train") if k not in arrays]

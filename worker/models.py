@@ -1,29 +1,39 @@
 """The model zoo: Keras models that output logits, built and seeded on return.
 
 ``build_model`` takes a zoo name (``MODELS``) or an import path
-``package.module:function``; the latter is called as
-``function(input_shape=..., num_classes=..., **kwargs)``. Weights depend only
-on the seed, so every process building the same model gets the same ones.
-Zoo layers are named explicitly, so variable paths (the wire layout) do not
-depend on what else the process has built.
+``package.module:function`` (found from the working directory too); the latter
+is called as ``function(input_shape=..., num_classes=..., **kwargs)``. Weights
+depend only on the seed, so every process building the same model gets the
+same ones. Zoo layers are named explicitly, so variable paths (the wire layout)
+do not depend on what else the process has built.
+
+Keras is imported inside the builders, not here: ``check_model`` validates a
+config's model from the builders' signatures in processes that must not load
+TensorFlow (the PS, the launcher).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-import keras
-from keras import layers
+from switchps.imports import find_module, load_object
+from switchps.problems import Problem, did_you_mean, kwargs_problems, under
+
+if TYPE_CHECKING:
+    import keras
 
 
 def _inputs(input_shape: tuple[int, ...]) -> keras.KerasTensor:
+    import keras
+
     return keras.Input(shape=input_shape, name="x")
 
 
 def _as_image(x: keras.KerasTensor, input_shape: tuple[int, ...], model: str) -> keras.KerasTensor:
     """Images pass through; a flat square vector becomes (s, s, 1) and (H, W) becomes (H, W, 1)."""
+    from keras import layers
+
     if len(input_shape) == 3:
         return x
     if len(input_shape) == 2:
@@ -36,6 +46,9 @@ def _as_image(x: keras.KerasTensor, input_shape: tuple[int, ...], model: str) ->
 
 def logreg(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """Multinomial logistic regression."""
+    import keras
+    from keras import layers
+
     x = _inputs(input_shape)
     out = layers.Dense(num_classes, name="logits")(layers.Flatten(name="flatten")(x))
     return keras.Model(x, out, name="logreg")
@@ -43,6 +56,9 @@ def logreg(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int] | tuple[int, ...] = (128,)) -> keras.Model:
     """Fully connected ReLU network with the given hidden widths."""
+    import keras
+    from keras import layers
+
     x = _inputs(input_shape)
     h = layers.Flatten(name="flatten")(x)
     for i, width in enumerate(hidden):
@@ -53,6 +69,9 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int] | tupl
 def cnn(input_shape: tuple[int, ...], num_classes: int, filters: list[int] | tuple[int, ...] = (32, 64),
         dense: int = 128) -> keras.Model:
     """(conv3x3 + ReLU + 2x2 max-pool) per entry of ``filters``, then a dense ReLU layer."""
+    import keras
+    from keras import layers
+
     x = _inputs(input_shape)
     h = _as_image(x, input_shape, "cnn")
     for i, f in enumerate(filters):
@@ -63,6 +82,8 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, filters: list[int] | tup
 
 
 def _conv_bn(h: keras.KerasTensor, filters: int, kernel: int, stride: int, name: str) -> keras.KerasTensor:
+    from keras import layers
+
     h = layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False,
                       kernel_initializer="he_normal", name=f"{name}_conv")(h)
     return layers.BatchNormalization(name=f"{name}_bn")(h)
@@ -73,6 +94,9 @@ def _resnet(input_shape: tuple[int, ...], num_classes: int, blocks: int, name: s
 
     Downsampling blocks use a strided 1x1 conv + BN projection shortcut.
     """
+    import keras
+    from keras import layers
+
     x = _inputs(input_shape)
     h = layers.ReLU(name="stem_relu")(_conv_bn(_as_image(x, input_shape, name), 16, 3, 1, "stem"))
     for stage, filters in enumerate((16, 32, 64)):
@@ -106,19 +130,46 @@ MODELS: dict[str, Callable[..., keras.Model]] = {
 }
 
 
+def _unknown(name: str) -> str:
+    return (f"unknown model {name!r}{did_you_mean(name, MODELS)}; "
+            f"expected one of {', '.join(MODELS)} or 'package.module:function'")
+
+
 def _resolve(name: str) -> Callable[..., keras.Model]:
     if name in MODELS:
         return MODELS[name]
     if ":" not in name:
-        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)} or 'package.module:function'")
-    module, _, attr = name.partition(":")
+        raise ValueError(_unknown(name))
     try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
+        fn = load_object(name)
+    except (ImportError, ValueError) as e:
         raise ValueError(f"cannot import model function {name!r}: {e}") from e
     if not callable(fn):
         raise ValueError(f"model import path {name!r} is not callable")
     return fn
+
+
+def check_model(name: str, kwargs: dict[str, Any], load: Literal["none", "find", "import"]) -> list[Problem]:
+    """Why ``build_model(name, ..., **kwargs)`` would fail, found without building (so without TF).
+
+    A zoo model's kwargs are bound to its signature. A ``module:function`` is
+    imported and checked the same way (``load="import"``), only found
+    (``"find"``: its code is not run) or taken on trust (``"none"``).
+    """
+    if name not in MODELS and ":" not in name:
+        return [("name", _unknown(name))]
+    if name in MODELS or load == "import":
+        try:
+            fn = _resolve(name)
+        except ValueError as e:
+            return [("name", str(e))]
+        return under("kwargs", kwargs_problems(fn, kwargs, {"input_shape": (1,), "num_classes": 2}))
+    if load == "find":
+        try:
+            find_module(name)
+        except (ImportError, ValueError) as e:
+            return [("name", f"cannot import model function {name!r}: {e}")]
+    return []
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0, **kwargs) -> keras.Model:
@@ -128,6 +179,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     so that import-path models are deterministic too.
     """
     fn = _resolve(name)
+    import keras
+
     input_shape = tuple(int(d) for d in input_shape)
     keras.utils.set_random_seed(seed)
     model = fn(input_shape=input_shape, num_classes=num_classes, **kwargs)

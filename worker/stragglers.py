@@ -60,7 +60,7 @@ class StepDelays:
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _check_indices(v: list[int] | None, what: str) -> list[int] | None:
