@@ -47,7 +47,8 @@ def run_ps(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     (run_dir / "config.yaml").write_text(cfg.dump())
     engine = build_engine(cfg, run_dir)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
-    ps = ParameterServer(engine, cfg.cluster.num_workers, link)
+    ps = ParameterServer(engine, cfg.cluster.num_workers, link, cfg.runtime.receive_timeout_s,
+                         int(cfg.runtime.max_model_mb * 2**20))
     server = Server(ps, cfg.cluster.ps)
     if cfg.runtime.metrics_port is not None:
         start_http_server(cfg.runtime.metrics_port)

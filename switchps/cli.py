@@ -125,6 +125,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target", "bsp_fraction")
              if getattr(args, k) is not None}
+    study: DynamicBatchingStudy | SyncSwitchStudy | AmbStudy
     if args.name == "dynamic-batching":
         study = DynamicBatchingStudy(**{k: v for k, v in given.items() if k in ("out", "workers")})
         run_dynamic_batching(study, quiet=args.quiet)
@@ -136,13 +137,13 @@ def cmd_study(args: argparse.Namespace) -> int:
         if args.arms:
             kw["arms_run"] = tuple(a.strip() for a in args.arms.split(","))
         try:
-            study = SyncSwitchStudy(**kw)
+            study = sync = SyncSwitchStudy(**kw)
         except ValueError as e:
             raise ConfigError(f"--arms: {e}") from None
-        run_sync_switch(study, quiet=args.quiet)
+        run_sync_switch(sync, quiet=args.quiet)
     else:
-        study = AmbStudy(**{k: v for k, v in given.items() if k != "bsp_fraction"})
-        run_amb_vs_fmb(study, quiet=args.quiet)
+        study = amb = AmbStudy(**{k: v for k, v in given.items() if k != "bsp_fraction"})
+        run_amb_vs_fmb(amb, quiet=args.quiet)
     print(Path(study.out) / "study.json")
     return 0
 

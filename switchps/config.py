@@ -29,6 +29,7 @@ from switchps.checks import Role, data_problems, model_problems, optimizer_probl
 from switchps.problems import ConfigError, Problems, describe
 from switchps.ps_server.optimizers import make_schedule
 from switchps.worker.stragglers import StragglerSpec
+from switchps.yamlfile import apply_override, read_yaml
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_config"]
 
@@ -197,7 +198,7 @@ class ProtocolSpec(Section):
     @property
     def step_time_budget_s(self) -> float:
         """T for AMB; 0 (no time budget) otherwise."""
-        return self.time_budget_s if self.name == "amb" else 0.0
+        return (self.time_budget_s or 0.0) if self.name == "amb" else 0.0
 
     @property
     def effective_micro_batch(self) -> int:
@@ -286,6 +287,10 @@ class RuntimeSpec(Section):
     inter_op_threads: int = Field(1, ge=1, le=MAX_THREADS)
     chunk_mb: float = Field(2.0, gt=0, le=32)
     """Size of raw tensor frames on the wire."""
+    receive_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """The PS cuts a request stream that sends no frame for this long (DEADLINE_EXCEEDED, counted)."""
+    max_model_mb: float = Field(8192.0, gt=0, le=2**20)
+    """The largest model (parameters and state) the PS accepts from a Register."""
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Expose Prometheus metrics from the PS on this port."""
 
@@ -326,24 +331,6 @@ class RunConfig(Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def apply_override(raw: dict[str, Any], assignment: str) -> None:
-    """Apply one ``dotted.key=value`` override; the value is parsed as YAML."""
-    key, sep, value = assignment.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"--set {assignment!r}: expected key.path=value")
-    *parents, leaf = key.split(".")
-    node = raw
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{key}: {part} is not a section")
-        node = child
-    try:
-        node[leaf] = yaml.safe_load(value)
-    except yaml.YAMLError:
-        raise ConfigError(f"{key}: --set value {value!r} is not valid YAML") from None
-
-
 def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = None) -> RunConfig:
     """Override and validate ``raw``; ``role`` adds the checks that command needs (see the module doc)."""
     if raw is None:
@@ -363,33 +350,6 @@ def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = No
     if problems:
         raise ConfigError(*problems)
     return cfg
-
-
-def read_yaml(path: Path) -> Any:
-    """The YAML document in ``path``; each way reading it can fail is one ConfigError naming the file."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"config: file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config: {path} is a directory, not a YAML file") from None
-    except OSError as e:
-        raise ConfigError(f"config: cannot read {path}: {e.strerror or e}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        where = f"byte 0x{data[e.start]:02x} at offset {e.start}"
-        raise ConfigError(f"config: {path} is not UTF-8 text ({where})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config: {path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
-    if raw is None:
-        raise ConfigError(f"config: {path} is empty (or only comments); a run needs at least one section, "
-                          "e.g. train: {epochs: 1}")
-    return raw
 
 
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = (), role: Role | None = None) -> RunConfig:

@@ -323,7 +323,9 @@ def plot_sync_switch(runs: dict[str, tuple[Path, dict]], target: float, path: Pa
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 7), layout="constrained")
-    acc, strips = fig.subfigures(2, 1, height_ratios=[2.2, 1])
+    parts = fig.subfigures(2, 1, height_ratios=[2.2, 1])
+    assert isinstance(parts, np.ndarray)  # two subfigures, not one
+    acc, strips = parts
     ax = acc.subplots()
     lanes = strips.subplots(len(runs), 1, sharex=True)
     for lane, (name, (run_dir, _)) in zip(lanes, runs.items()):

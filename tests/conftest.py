@@ -65,6 +65,7 @@ class Pending(threading.Thread):
         assert not self.is_alive(), "push still blocked"
         if self.error:
             raise self.error
+        assert self.reply is not None
         return self.reply
 
 

@@ -3,73 +3,96 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.worker.data import load_dataset
-from switchps.worker.gradients import GradientComputer
-from switchps.worker.main import Sampler, StepRunner
-from switchps.worker.models import build_model
+from switchps.worker.steps import Sampler, StepRunner
 from switchps.worker.stragglers import StepDelays
 
 
-@pytest.fixture(scope="module")
-def digits_runner_parts():
-    data = load_dataset("digits")
-    gc = GradientComputer(build_model("mlp", data.input_shape, data.num_classes, seed=0, hidden=[16]))
-    for n in (4, 3):  # trace the tf.functions now, not inside a timed budget
-        gc.accumulate(data.x_train[:n], data.y_train[:n])
-    gc.finish()
-    return gc, data.x_train, data.y_train
+@dataclass
+class FakeClock:
+    """Time that passes only when something sleeps or computes."""
+
+    t: float = 100.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
 
 
-def _runner(parts, samples_per_s: float | None) -> StepRunner:
-    gc, x, y = parts
-    return StepRunner(gc, x, y, Sampler(len(x), seed=0), samples_per_s)
+@dataclass
+class StubComputer:
+    """Counts samples; each micro-batch costs ``cost_s`` of (fake) compute time."""
+
+    clock: FakeClock
+    cost_s: float = 0.0
+    samples: int = 0
+
+    def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.clock.t += self.cost_s
+        self.samples += len(x)
+
+    def finish(self) -> tuple[np.ndarray, float]:
+        grad, self.samples = np.full(2, float(self.samples), np.float32), 0
+        return grad, 0.0
+
+    def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
+        for i in range(0, len(x), micro_batch):
+            self.accumulate(x[i : i + micro_batch], y[i : i + micro_batch])
+        return self.finish()
+
+
+def _runner(samples_per_s: float | None, cost_s: float = 0.0) -> tuple[StepRunner, FakeClock]:
+    clock = FakeClock()
+    x, y = np.zeros((100, 2), np.float32), np.zeros(100, np.int32)
+    return StepRunner(StubComputer(clock, cost_s), x, y, Sampler(100, seed=0), samples_per_s, clock), clock
 
 
 def _amb_order(budget_s: float, max_batch: int = 1000, micro: int = 4) -> pb.WorkOrder:
     return pb.WorkOrder(protocol="amb", sample_budget=max_batch, time_budget_s=budget_s, micro_batch=micro)
 
 
-def test_straggler_sleep_inside_the_budget_means_fewer_samples_but_at_least_one_micro_batch(digits_runner_parts):
-    runner = _runner(digits_runner_parts, samples_per_s=200)  # 4-sample micro-batches take 20 ms
-    t0 = time.perf_counter()
+def test_straggler_sleep_inside_the_budget_means_fewer_samples_but_at_least_one_micro_batch():
+    runner, clock = _runner(samples_per_s=256)  # a 4-sample micro-batch takes 1/64 s (exact in binary)
+    t0 = clock.now()
     fast = runner.run(_amb_order(0.5), t0, StepDelays())
-    t1 = time.perf_counter()
-    slow = runner.run(_amb_order(0.5), t1, StepDelays(sleep_s=0.4))
-    t2 = time.perf_counter()
-    assert slow.samples < fast.samples / 2, (slow.samples, fast.samples)
-    assert slow.samples >= 4 and slow.sleep_s == pytest.approx(0.4)
-    assert 0.45 <= t1 - t0 <= 0.7 and 0.45 <= t2 - t1 <= 0.7, "a step lasts about T, sleep included"
-    asleep = runner.run(_amb_order(0.5), time.perf_counter(), StepDelays(sleep_s=0.6))  # sleeps past T
-    assert asleep.samples == 4, "always at least one micro-batch, never zeros"
-    assert np.any(asleep.grad != 0)
+    assert (fast.samples, clock.now() - t0) == (128, 0.5), "T / (1/64 s) = 32 micro-batches"
+    t1 = clock.now()
+    slow = runner.run(_amb_order(0.5), t1, StepDelays(sleep_s=0.375))
+    assert (slow.samples, slow.sleep_s, clock.now() - t1) == (32, 0.375, 0.5), "the sleep is inside T"
+    asleep = runner.run(_amb_order(0.5), clock.now(), StepDelays(sleep_s=0.625))  # sleeps past T
+    assert asleep.samples == 4 and asleep.grad[0] == 4, "always at least one micro-batch, never zeros"
 
 
-def test_max_batch_exhausted_before_the_time_budget_is_flagged(digits_runner_parts):
-    runner = _runner(digits_runner_parts, samples_per_s=1000)
-    step = runner.run(_amb_order(0.5, max_batch=16), time.perf_counter(), StepDelays())
+def test_max_batch_exhausted_before_the_time_budget_is_flagged():
+    runner, clock = _runner(samples_per_s=1000)
+    step = runner.run(_amb_order(0.5, max_batch=16), clock.now(), StepDelays())
     assert step.samples == 16 and step.exhausted
 
 
-def test_emulated_device_speed_within_10_percent(digits_runner_parts):
-    runner = _runner(digits_runner_parts, samples_per_s=250)
+def test_an_emulated_device_takes_its_time_and_never_less_than_the_real_compute():
     order = pb.WorkOrder(protocol="bsp", sample_budget=100, micro_batch=10)
-    t0 = time.perf_counter()
-    step = runner.run(order, t0, StepDelays())
-    rate = step.samples / (time.perf_counter() - t0)
-    assert step.samples == 100
-    assert abs(rate - 250) / 250 < 0.10, rate
+    for cost_s, per_batch in ((0.01, 0.04), (0.06, 0.06)):  # emulated 10 / 250 = 40 ms per micro-batch
+        runner, clock = _runner(samples_per_s=250, cost_s=cost_s)
+        t0 = clock.now()
+        step = runner.run(order, t0, StepDelays())
+        assert step.samples == 100 and clock.now() - t0 == pytest.approx(10 * per_batch)
+        assert step.compute_s == pytest.approx(10 * per_batch)
 
 
-def test_slowdown_factor_stretches_compute(digits_runner_parts):
-    runner = _runner(digits_runner_parts, samples_per_s=400)
+def test_slowdown_factor_stretches_compute_and_comm_delay_comes_last():
+    runner, clock = _runner(samples_per_s=400)
     order = pb.WorkOrder(protocol="bsp", sample_budget=40, micro_batch=10)  # 0.1 s of emulated compute
-    step = runner.run(order, time.perf_counter(), StepDelays(factor=3.0))
-    assert step.sleep_s == pytest.approx(2 * step.compute_s, rel=0.05)
+    t0 = clock.now()
+    step = runner.run(order, t0, StepDelays(factor=3.0, comm_s=0.05))
+    assert step.compute_s == pytest.approx(0.1) and step.sleep_s == pytest.approx(0.2 + 0.05)
+    assert clock.now() - t0 == pytest.approx(0.35)
 
 
 def test_amb_work_orders_and_unequal_batches_on_the_ps(cluster_factory):

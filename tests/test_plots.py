@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ WORKERS_HEADER = "time_s,worker,step,base_version,samples,compute_s,send_s,wait_
 EVAL_HEADER = "time_s,version,test_loss,test_accuracy"
 
 
-def _write_csv(path: Path, header: str, rows: list[list[object]]) -> None:
+def _write_csv(path: Path, header: str, rows: Sequence[Sequence[object]]) -> None:
     lines = [header] + [",".join("" if v is None else str(v) for v in row) for row in rows]
     path.write_text("\n".join(lines) + "\n")
 

@@ -12,7 +12,7 @@ from switchps.policies.online import Anytime, DynamicBatching, Elastic, Greedy, 
 def snap(times: dict[int, float], *, protocol: str = "bsp", progress: float = 0.0,
          batches: dict[int, int] | None = None, samples: dict[int, float] | None = None,
          compute: dict[int, float] | None = None, active: set[int] | None = None,
-         excluded: set[int] = frozenset(), num_workers: int | None = None) -> Snapshot:
+         excluded: set[int] | frozenset[int] = frozenset(), num_workers: int | None = None) -> Snapshot:
     """A snapshot whose workers have the given step times (batch 32, samples = batch, compute = step time)."""
     batches = batches or dict.fromkeys(times, 32)
     samples = samples or {w: float(batches[w]) for w in times}
@@ -234,7 +234,7 @@ def simulate(speed_at, rounds: int, overhead: float = 0.0, **kwargs) -> tuple[di
         speed = speed_at(r)
         d = p.decide(snap({w: batches[w] / speed[w] + overhead for w in speed}, batches=dict(batches)))
         if d is not None:
-            assert d.batches.keys() == batches.keys()
+            assert d.batches is not None and d.batches.keys() == batches.keys()
             batches = d.batches
             decided.append(r)
         assert sum(batches.values()) == total

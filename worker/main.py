@@ -13,46 +13,24 @@ it as ``model.keras``.
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+import keras
 import numpy as np
 
 from switchps.config import RunConfig
-import keras
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.worker.client import PSClient
 from switchps.worker.data import Dataset, load_dataset
 from switchps.worker.gradients import GradientComputer, configure_threads
 from switchps.worker.models import build_model
-from switchps.worker.stragglers import StepDelays, StragglerInjector
+from switchps.worker.steps import RealClock, Sampler, Step, StepRunner
+from switchps.worker.stragglers import StragglerInjector
 from switchps.worker.weights import FlatWeights, save_keras
 
 log = logging.getLogger("switchps.worker")
-
-
-class Sampler:
-    """Draws sample indices from a shard in seeded, reshuffled epochs."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n = n
-        self.rng = np.random.default_rng(seed)
-        self.order = self.rng.permutation(n)
-        self.pos = 0
-
-    def take(self, count: int) -> np.ndarray:
-        out = []
-        while count > 0:
-            if self.pos == self.n:
-                self.order, self.pos = self.rng.permutation(self.n), 0
-            k = min(count, self.n - self.pos)
-            out.append(self.order[self.pos : self.pos + k])
-            self.pos += k
-            count -= k
-        return np.concatenate(out)
 
 
 def _setup(cfg: RunConfig) -> tuple[Dataset, keras.Model]:
@@ -62,65 +40,6 @@ def _setup(cfg: RunConfig) -> tuple[Dataset, keras.Model]:
                         num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes)
     model = build_model(cfg.model.name, data.input_shape, data.num_classes, seed=cfg.seed, **cfg.model.kwargs)
     return data, model
-
-
-@dataclass
-class Step:
-    """What one worker step produced."""
-
-    grad: np.ndarray
-    samples: int
-    loss_sum: float
-    compute_s: float
-    sleep_s: float
-    exhausted: bool = False
-
-
-def _sleep(seconds: float) -> float:
-    if seconds > 0:
-        time.sleep(seconds)
-    return max(seconds, 0.0)
-
-
-class StepRunner:
-    """Runs one step under a work order: injected delays, then micro-batches until a budget ends.
-
-    The sample budget ends a BSP/ASP/SSP/FMB step; AMB adds a time budget T
-    counted from the moment the work order arrived, with any straggler sleep
-    inside it, and always finishes at least one micro-batch. With an emulated
-    device each micro-batch takes ``micro_batch / samples_per_s`` seconds (never
-    less than the real compute).
-    """
-
-    def __init__(self, gc: GradientComputer, x: np.ndarray, y: np.ndarray, sampler: "Sampler",
-                 samples_per_s: float | None) -> None:
-        self.gc, self.x, self.y, self.sampler = gc, x, y, sampler
-        self.samples_per_s = samples_per_s
-
-    def run(self, order: pb.WorkOrder, received_at: float, delays: StepDelays) -> Step:
-        slept = _sleep(delays.sleep_s)
-        if not order.time_budget_s and self.samples_per_s is None and delays.factor == 1.0:
-            t0 = time.perf_counter()
-            idx = self.sampler.take(order.sample_budget)
-            grad, loss = self.gc.compute(self.x[idx], self.y[idx], order.micro_batch)
-            return Step(grad, len(idx), loss, time.perf_counter() - t0, slept)
-        end = received_at + order.time_budget_s if order.time_budget_s else math.inf
-        done, compute = 0, 0.0
-        while done < order.sample_budget:
-            idx = self.sampler.take(min(order.micro_batch, order.sample_budget - done))
-            t0 = time.perf_counter()
-            self.gc.accumulate(self.x[idx], self.y[idx])
-            took = time.perf_counter() - t0
-            if self.samples_per_s is not None:
-                took += _sleep(len(idx) / self.samples_per_s - took)
-            slept += _sleep((delays.factor - 1.0) * took)
-            compute += took
-            done += len(idx)
-            if time.perf_counter() >= end:
-                break
-        exhausted = done >= order.sample_budget and time.perf_counter() < end < math.inf
-        grad, loss = self.gc.finish()
-        return Step(grad, done, loss, compute, slept, exhausted)
 
 
 def run_worker(cfg: RunConfig, index: int) -> int:
@@ -136,10 +55,11 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         client.init(index, layout, gc.weights.read())
     params = np.empty(gc.size, np.float32)
     reply = client.pull(params, worker=index, wait_initialized=True)
-    received_at = started = time.perf_counter()
+    clock = RealClock()
+    received_at = started = clock.now()
     gc.assign(params)
     log.info("worker %d: %d samples, model v%d", index, len(x), reply.order.version)
-    runner = StepRunner(gc, x, y, Sampler(len(x), seed=cfg.seed * 1000 + index), cfg.device.samples_per_s)
+    runner = StepRunner(gc, x, y, Sampler(len(x), seed=cfg.seed * 1000 + index), cfg.device.samples_per_s, clock)
     stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index, num_workers=cfg.cluster.num_workers)
     warned: set[str] = set()
     step, send_s, wait_s = 0, 0.0, 0.0
@@ -147,16 +67,15 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     while not order.stop:
         delays = stragglers.plan(step, received_at - started)
         s = runner.run(order, received_at, delays)
-        s.sleep_s += _sleep(delays.comm_s)
         _warn_once(warned, index, s, order, stragglers)
         stats = pb.StepStats(step=step, compute_s=s.compute_s, send_s=send_s, wait_s=wait_s, sleep_s=s.sleep_s,
                              loss_sum=s.loss_sum, delay_sleep_s=delays.sleep_s, delay_factor=delays.factor,
                              delay_comm_s=delays.comm_s, batch_exhausted=s.exhausted)
         header = pb.PushHeader(worker=index, base_version=order.version, samples=s.samples,
                                layout_digest=layout.digest, stats=stats)
-        t1 = time.perf_counter()
+        t1 = clock.now()
         reply = client.push(header, s.grad, params)
-        received_at = time.perf_counter()
+        received_at = clock.now()
         send_s, wait_s = received_at - t1, reply.reply.wait_s
         if reply.fresh:
             gc.assign(params)

@@ -1,0 +1,128 @@
+"""One worker step: injected delays, then micro-batches until the work order's budget ends.
+
+Time comes from a ``Clock``, so the budget logic (AMB's T, emulated device
+speed, slowdowns) is tested on a fake clock, exactly, without sleeping.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from switchps.protos import switchps_pb2 as pb
+from switchps.worker.stragglers import StepDelays
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class RealClock:
+    """``time.perf_counter`` and ``time.sleep``."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class Computer(Protocol):
+    """What a step needs of ``GradientComputer``."""
+
+    def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]: ...
+
+    def accumulate(self, x: np.ndarray, y: np.ndarray) -> None: ...
+
+    def finish(self) -> tuple[np.ndarray, float]: ...
+
+
+class Sampler:
+    """Draws sample indices from a shard in seeded, reshuffled epochs."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+        self.order = self.rng.permutation(n)
+        self.pos = 0
+
+    def take(self, count: int) -> np.ndarray:
+        out = []
+        while count > 0:
+            if self.pos == self.n:
+                self.order, self.pos = self.rng.permutation(self.n), 0
+            k = min(count, self.n - self.pos)
+            out.append(self.order[self.pos : self.pos + k])
+            self.pos += k
+            count -= k
+        return np.concatenate(out)
+
+
+@dataclass
+class Step:
+    """What one worker step produced."""
+
+    grad: np.ndarray
+    samples: int
+    loss_sum: float
+    compute_s: float
+    sleep_s: float
+    exhausted: bool = False
+
+
+class StepRunner:
+    """Runs one step under a work order: injected delays, then micro-batches until a budget ends.
+
+    The sample budget ends a BSP/ASP/SSP/FMB step; AMB adds a time budget T
+    counted from the moment the work order arrived, with any straggler sleep
+    inside it, and always finishes at least one micro-batch. With an emulated
+    device each micro-batch takes ``micro_batch / samples_per_s`` seconds (never
+    less than the real compute).
+    """
+
+    def __init__(self, gc: Computer, x: np.ndarray, y: np.ndarray, sampler: Sampler,
+                 samples_per_s: float | None, clock: Clock | None = None) -> None:
+        self.gc, self.x, self.y, self.sampler = gc, x, y, sampler
+        self.samples_per_s = samples_per_s
+        self.clock = clock or RealClock()
+
+    def _sleep(self, seconds: float) -> float:
+        if seconds > 0:
+            self.clock.sleep(seconds)
+        return max(seconds, 0.0)
+
+    def run(self, order: pb.WorkOrder, received_at: float, delays: StepDelays) -> Step:
+        """The step, with its straggler sleep first (inside T) and its communication delay last."""
+        step = self._compute(order, received_at, delays, self._sleep(delays.sleep_s))
+        step.sleep_s += self._sleep(delays.comm_s)
+        return step
+
+    def _compute(self, order: pb.WorkOrder, received_at: float, delays: StepDelays, slept: float) -> Step:
+        if not order.time_budget_s and self.samples_per_s is None and delays.factor == 1.0:
+            t0 = self.clock.now()
+            idx = self.sampler.take(order.sample_budget)
+            grad, loss = self.gc.compute(self.x[idx], self.y[idx], order.micro_batch)
+            return Step(grad, len(idx), loss, self.clock.now() - t0, slept)
+        end = received_at + order.time_budget_s if order.time_budget_s else math.inf
+        done, compute = 0, 0.0
+        while done < order.sample_budget:
+            idx = self.sampler.take(min(order.micro_batch, order.sample_budget - done))
+            t0 = self.clock.now()
+            self.gc.accumulate(self.x[idx], self.y[idx])
+            took = self.clock.now() - t0
+            if self.samples_per_s is not None:
+                took += self._sleep(len(idx) / self.samples_per_s - took)
+            slept += self._sleep((delays.factor - 1.0) * took)
+            compute += took
+            done += len(idx)
+            if self.clock.now() >= end:
+                break
+        exhausted = done >= order.sample_budget and self.clock.now() < end < math.inf
+        grad, loss = self.gc.finish()
+        return Step(grad, done, loss, compute, slept, exhausted)
