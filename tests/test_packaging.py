@@ -1,0 +1,71 @@
+"""The checkout is a normal Python project: imports resolve by directory, the wheel holds real files."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import switchps
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBPACKAGES = ("ps_server", "worker", "protos", "policies", "configs")
+
+
+def _own_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level]
+    return [n for n in names if n == "switchps" or n.startswith("switchps.")]
+
+
+def _resolves_on_disk(module: str) -> bool:
+    base = ROOT.joinpath(*module.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def test_every_import_of_the_project_resolves_by_directory_from_the_checkout():
+    sources = [p for d in ("switchps", "tests", "bench") for p in (ROOT / d).rglob("*.py")]
+    imports = {m for p in sources for m in _own_imports(p)}
+    assert len(imports) > 30
+    assert sorted(m for m in imports if not _resolves_on_disk(m)) == []
+    for sub in SUBPACKAGES:  # the mandated top-level folders are the import path, through committed links
+        link = ROOT / "switchps" / sub
+        assert link.is_symlink() and link.resolve() == ROOT / sub
+
+
+def test_the_installed_package_is_the_checkout():
+    spec = importlib.util.find_spec("switchps.ps_server")
+    assert spec is not None and spec.origin is not None
+    assert Path(spec.origin).resolve().is_relative_to(ROOT), "editable install: tests run the edits"
+
+
+def test_version_is_one_string_everywhere():
+    exe = Path(sys.executable).parent / "switchps"
+    out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"switchps {switchps.__version__}"
+    assert importlib.metadata.version("switchps") == switchps.__version__
+
+
+@pytest.mark.integration
+def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("switchps-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        infos = {i.filename: i for i in z.infolist()}
+        links = [n for n, i in infos.items() if stat.S_ISLNK(i.external_attr >> 16)]
+        assert links == []
+        for sub in SUBPACKAGES:
+            on_disk = sorted(p.name for p in (ROOT / sub).iterdir()
+                             if p.suffix in (".py", ".pyi", ".yaml", ".proto") and p.is_file())
+            in_wheel = sorted(n.rsplit("/", 1)[1] for n in infos if n.startswith(f"switchps/{sub}/"))
+            assert in_wheel == on_disk, sub
+            assert all(infos[f"switchps/{sub}/{name}"].file_size > 0 or name == "__init__.py" for name in on_disk)
