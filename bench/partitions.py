@@ -13,7 +13,6 @@ intra-op and one inter-op thread, as workers do. Prints JSON and writes
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from switchps.jsonfile import dumps  # noqa: E402
 from switchps.worker.data import load_dataset  # noqa: E402
 from switchps.worker.gradients import GradientComputer, configure_threads  # noqa: E402
 from switchps.worker.models import build_model  # noqa: E402
@@ -90,7 +90,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     png = args.out / "partitions.png"
     plot(results, args.batch, png)
-    print(json.dumps({"benchmark": "partitions", "batch": args.batch, "results": results}, indent=2))
+    print(dumps({"benchmark": "partitions", "batch": args.batch, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

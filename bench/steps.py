@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import tempfile
 
 from switchps.config import parse_config
+from switchps.jsonfile import dumps
 from switchps.launcher import launch
 
 TF2_PS_STRATEGY_STEPS_PER_S = 328
@@ -44,7 +44,7 @@ def main() -> None:
         steps = list(csv.DictReader(f))
     mean = lambda key: sum(float(r[key]) for r in steps) / len(steps)  # noqa: E731
     steps_per_s = summary["updates"] / summary["wall_time_s"]
-    print(json.dumps({
+    print(dumps({
         "benchmark": "asp_steps", "model": "logreg 784->10 (7,850 parameters)", "workers": args.workers,
         "batch": args.batch, "wall_time_s": summary["wall_time_s"], "updates": summary["updates"],
         "steps_per_s": round(steps_per_s, 1),

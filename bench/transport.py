@@ -28,6 +28,7 @@ from concurrent import futures
 import grpc
 import numpy as np
 
+from switchps.jsonfile import dumps
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator
 from switchps.ps_server.model import make_layout
@@ -60,7 +61,8 @@ def serve_ps(port: int) -> None:
 
     from switchps.config import parse_config
     from switchps.ps_server.main import build_engine
-    from switchps.ps_server.service import ParameterServer, Server
+    from switchps.ps_server.server import Server
+    from switchps.ps_server.service import ParameterServer
 
     cfg = parse_config({"cluster": {"workers": 1}, "protocol": {"name": "asp"},
                         "optimizer": {"name": "sgd", "learning_rate": 1e-6}, "train": {"steps": 10**9}})
@@ -140,7 +142,7 @@ def main() -> None:
     args = ap.parse_args()
     chunk = int(args.chunk_mb * 2**20)
     if args.client_raw:
-        return print(json.dumps(raw_client(args.port, args.bytes, chunk, args.reps, args.tuned)))
+        return print(dumps(raw_client(args.port, args.bytes, chunk, args.reps, args.tuned)))
     if args.serve in ("raw", "raw-tuned"):
         return serve_raw(args.port, chunk, tuned=args.serve == "raw-tuned")
     if args.serve == "ps":
@@ -177,7 +179,7 @@ def main() -> None:
             "ratio_vs_tuned_grpcio": round(med["raw_tuned"] / med["switchps"], 3),
             "client_copies_per_byte": round(copies, 3),
         })
-    print(json.dumps({"benchmark": "transport", "chunk_mb": args.chunk_mb, "round_trips_per_variant":
+    print(dumps({"benchmark": "transport", "chunk_mb": args.chunk_mb, "round_trips_per_variant":
                       args.reps * args.blocks, "results": results}, indent=2))
 
 

@@ -14,9 +14,12 @@ from switchps.policies.registry import make_policy
 from switchps.ps_server.controller import Controller
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore
-from switchps.ps_server.optimizers import configured_momentum, make_optimizer, make_schedule
+from switchps.ps_server.optimizers import configured_momentum, make_optimizer
+from switchps.ps_server.overhead import switch_overheads
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.service import ParameterServer, Server, wait_until
+from switchps.ps_server.schedules import make_schedule
+from switchps.ps_server.server import Server, wait_until
+from switchps.ps_server.service import ParameterServer
 from switchps.ps_server.sync import SyncEngine
 
 log = logging.getLogger("switchps.ps")
@@ -92,7 +95,7 @@ def _summary(cfg: RunConfig, engine: SyncEngine, ps: ParameterServer) -> dict[st
         "workers_not_told_stop": sorted(set(engine.registered) - ps.told_stop),
         "policy": cfg.policy.name,
         "switches": len(engine.switches),
-        "switch_overhead_s": _overhead_summary(engine.switch_overheads()),
+        "switch_overhead_s": _overhead_summary(switch_overheads(engine.switches, engine.update_times)),
     }
 
 

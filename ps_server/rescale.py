@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from switchps.config import ProtocolSpec, SwitchSpec
-from switchps.ps_server.optimizers import asynchrony_momentum
+from switchps.ps_server.optimizers import Optimizer, asynchrony_momentum
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,16 @@ def lr_scale(spec: ProtocolSpec, reference: ProtocolSpec, on_switch: SwitchSpec,
     scale = lr_rule_factor(on_switch.lr, ratio)
     mu = momentum_in_force(spec, reference, on_switch, configured_momentum, b.num_workers)
     return scale * (1.0 - mu) / (1.0 - configured_momentum) if mu != configured_momentum else scale
+
+
+def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,
+                     momentum: float | None) -> None:
+    """Put a scale and momentum in force, and keep, reset or scale the optimizer's state. Runs on the
+    applier thread, in order with the updates around it."""
+    opt.lr_scale = lr_scale
+    if momentum is not None:
+        opt.hyper["momentum"] = momentum
+    if state == "reset":
+        opt.reset_state()
+    elif state == "scale":
+        opt.scale_state(state_scale)

@@ -4,63 +4,46 @@ Tensor RPCs (Push, Pull, Init) use raw frames (see ``switchps.protos.codec``)
 through generic handlers, so payload bytes never pass through protobuf.
 Control RPCs (Register, Status, Eval) are plain protobuf.
 
-Concurrency: every handler runs on one asyncio event loop (``Server`` gives it
-a thread of its own), so a stream that sends nothing holds no thread and can
+Concurrency: every handler runs on one asyncio event loop (``server.Server``
+gives it a thread of its own), so a stream that sends nothing holds no thread and can
 starve neither the health service nor other RPCs; each frame must also arrive
 within ``receive_timeout_s``. Engine calls that may block (a BSP round, an SSP
 hold, the emulated link) run on ``pool``, sized so that every worker can wait
 at once. Replies stream the version's chunks as the applier publishes them.
 
-Hostile input: a request is validated completely, and a push is read to the
-end of its stream, before anything touches the model; a push is then applied
-whole or not at all. Every rejection gets an error status, one log line, and a
-count in the run record (``rejections`` in summary.json).
+Hostile input: a request is validated completely (``validate``), and a push
+is read to the end of its stream, before anything touches the model; a push
+is then applied whole or not at all. Every rejection gets an error status,
+one log line, and a count in the run record (``rejections`` in summary.json).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Callable, Coroutine, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Gauge
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import FrameError, PayloadWriter, aencode, decode_header, grpc_options, tune_allocator
+from switchps.protos.codec import FrameError, PayloadWriter, aencode
 from switchps.ps_server.link import DuplexLink
-from switchps.ps_server.model import Snapshot, layout_digest, layout_size
+from switchps.ps_server.model import Snapshot, layout_size
 from switchps.ps_server.sync import Outcome, Push, SyncEngine
+from switchps.ps_server.validate import (
+    Rejected, check_eval, check_push, check_register, decode, invalid, precondition,
+)
 
 SERVICE = "switchps.ParameterServer"
 PUSHES = Counter("switchps_pushes", "Pushes by outcome", ["outcome"])
 VERSION = Gauge("switchps_model_version", "Current model version")
-MAX_SHARD_SIZE = 2**40
 log = logging.getLogger("switchps.ps")
 T = TypeVar("T")
-H = TypeVar("H", pb.InitHeader, pb.PushHeader, pb.PullRequest)
-
-
-class Rejected(Exception):
-    """A request that must not touch the model."""
-
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason = code, reason
-
-
-def _invalid(reason: str, message: str) -> Rejected:
-    return Rejected(grpc.StatusCode.INVALID_ARGUMENT, reason, message)
-
-
-def _precondition(reason: str, message: str) -> Rejected:
-    return Rejected(grpc.StatusCode.FAILED_PRECONDITION, reason, message)
 
 
 class ParameterServer:
@@ -88,34 +71,22 @@ class ParameterServer:
 
     async def register(self, req: pb.RegisterRequest, ctx: grpc.aio.ServicerContext) -> pb.RegisterReply:
         try:
-            first = self._check_register(req)
+            check_register(req, self.num_workers, self.max_model_bytes)
+            first = self._adopt(req)
         except Rejected as r:
             await self._reject(ctx, "register", r)
         self.engine.register(req.worker, req.shard_size)
         return pb.RegisterReply(send_init=first, order=self.engine.work_order(req.worker),
                                 num_workers=self.num_workers)
 
-    def _check_register(self, req: pb.RegisterRequest) -> bool:
-        """Validate a registration; returns whether it is the first (whose layout the PS adopts)."""
-        if not 0 <= req.worker < self.num_workers:
-            raise _invalid("worker", f"worker index {req.worker} outside [0, {self.num_workers})")
-        if not 0 < req.shard_size <= MAX_SHARD_SIZE:
-            raise _invalid("shard_size", f"shard size {req.shard_size} must be in [1, {MAX_SHARD_SIZE}]")
-        layout = req.layout
-        shapes = [list(v.shape) for v in (*layout.variables, *layout.state)]
-        if not layout.variables or any(d <= 0 for s in shapes for d in s):
-            raise _invalid("layout", "the layout needs variables with positive dimensions")
-        if sum(math.prod(s) for s in shapes) * 4 > self.max_model_bytes:
-            raise _invalid("layout", f"the layout exceeds the PS's limit of {self.max_model_bytes} bytes")
-        specs = [[(v.name, tuple(v.shape)) for v in vs] for vs in (layout.variables, layout.state)]
-        if layout.digest != layout_digest(*specs):
-            raise _invalid("layout", "the layout's digest does not match its variables")
+    def _adopt(self, req: pb.RegisterRequest) -> bool:
+        """The first registration's layout becomes the model's; returns whether this was the first."""
         with self.store.lock:
             first = self._layout is None
-            adopted = self._layout = self._layout or layout
-        if layout.digest != adopted.digest:
-            raise _precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
-                                          "(same model config on every worker?)")
+            adopted = self._layout = self._layout or req.layout
+        if req.layout.digest != adopted.digest:
+            raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
+                                         "(same model config on every worker?)")
         return first
 
     async def status(self, req: pb.StatusRequest, ctx: grpc.aio.ServicerContext) -> pb.Status:
@@ -132,12 +103,7 @@ class ParameterServer:
 
     async def eval_report(self, req: pb.EvalReport, ctx: grpc.aio.ServicerContext) -> pb.Status:
         try:
-            if not 0 <= req.version <= self.store.version:
-                raise _invalid("version", f"version {req.version} is not in [0, {self.store.version}]")
-            if not 0.0 <= req.test_accuracy <= 1.0:  # also false for NaN
-                raise _invalid("accuracy", "test accuracy must be a number in [0, 1]")
-            if req.final and not (self.engine.done and req.version == self.store.version):
-                raise _precondition("not_final", "a final evaluation must score the last version, once done")
+            check_eval(req, self.store.version, self.engine.done)
         except Rejected as r:
             await self._reject(ctx, "eval", r)
         self.rec.evaluation(req.version, req.test_loss, req.test_accuracy)
@@ -163,24 +129,24 @@ class ParameterServer:
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[tuple[int, pb.Layout], np.ndarray]:
         frames = self._frames(ctx)
-        header, first = _decode(await self._first(frames), pb.InitHeader)
+        header, first = decode(await self._first(frames), pb.InitHeader)
         layout = self._layout
         if layout is None:
-            raise _precondition("not_registered", "register before Init")
+            raise precondition("not_registered", "register before Init")
         if self.store.initialized:
-            raise _precondition("already_initialized", "the model is already initialized")
+            raise precondition("already_initialized", "the model is already initialized")
         if header.layout_digest != layout.digest:
-            raise _precondition("layout", "the initial values' layout differs from the registered one")
+            raise precondition("layout", "the initial values' layout differs from the registered one")
         values = np.empty(layout_size(layout), np.float32)
         if not await self._fill(PayloadWriter(values, check_finite=True), first, frames, ctx):
-            raise _invalid("non_finite", "initial values are not finite")
+            raise invalid("non_finite", "initial values are not finite")
         return (header.worker, layout), values
 
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
-            req, _ = _decode(request, pb.PullRequest)
+            req, _ = decode(request, pb.PullRequest)
             if req.worker != -1 and req.worker not in self.engine.registered:
-                raise _invalid("unknown_worker", f"unknown worker id {req.worker}")
+                raise invalid("unknown_worker", f"unknown worker id {req.worker}")
         except Rejected as r:
             await self._reject(ctx, "pull", r)
         if req.wait_initialized:
@@ -188,7 +154,7 @@ class ParameterServer:
                 if ctx.done():
                     return
         if not self.store.initialized:
-            await self._reject(ctx, "pull", _precondition("not_initialized", "the model is not initialized yet"))
+            await self._reject(ctx, "pull", precondition("not_initialized", "the model is not initialized yet"))
         snapshot = self.store.snapshot()
         send = req.have_version != snapshot.version
         async for frame in self._reply(pb.PushReply(applied=False), snapshot if send else None, req.worker):
@@ -258,34 +224,19 @@ class ParameterServer:
     async def _receive_push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext
                             ) -> tuple[Push, pb.StepStats]:
         """Validate a push and read it to the end of its stream; the model is untouched unless this returns."""
-        h, first = _decode(await self._first(frames), pb.PushHeader)
-        self._check_push(h)
+        h, first = decode(await self._first(frames), pb.PushHeader)
+        e, store = self.engine, self.store
+        check_push(h, h.worker in e.registered, store.layout if store.initialized else None, store.nbytes,
+                   store.version, e.issued.get(h.worker, 0))
         grad = self.store.buffers.get()
         try:
             finite = await self._fill(PayloadWriter(grad, check_finite=True), first, frames, ctx)
             if not finite:
-                raise _invalid("non_finite", "gradient has NaN or inf values")
+                raise invalid("non_finite", "gradient has NaN or inf values")
         except BaseException:
             self.store.buffers.put(grad)
             raise
         return Push(h.worker, h.base_version, h.samples, grad, h.stats.loss_sum), h.stats
-
-    def _check_push(self, h: pb.PushHeader) -> None:
-        store, engine = self.store, self.engine
-        if h.worker not in engine.registered:
-            raise _invalid("unknown_worker", f"unknown worker id {h.worker}")
-        if not store.initialized:
-            raise _precondition("not_initialized", "the model is not initialized")
-        if h.layout_digest != store.layout.digest:
-            raise _precondition("layout", "the push's variable layout is not the model's")
-        if h.nbytes != store.nbytes:
-            raise _invalid("size", f"payload declares {h.nbytes} bytes, the model has {store.nbytes}")
-        if not 0 < h.samples <= engine.issued.get(h.worker, 0):
-            raise _invalid("samples", f"sample count {h.samples} is not in [1, {engine.issued.get(h.worker, 0)}], "
-                                      "the largest budget this worker was given")
-        if not 0 <= h.base_version <= store.version:
-            raise _invalid("version", f"base version {h.base_version} is not in [0, {store.version}]")
-        _check_stats(h.stats)
 
     # ---- frames -----------------------------------------------------------------------------
 
@@ -306,7 +257,7 @@ class ParameterServer:
         try:
             return await anext(frames)
         except StopAsyncIteration:
-            raise _invalid("empty", "the stream ended before its first frame") from None
+            raise invalid("empty", "the stream ended before its first frame") from None
 
     @staticmethod
     async def _fill(writer: PayloadWriter, first: memoryview, frames: AsyncIterator[bytes],
@@ -322,7 +273,7 @@ class ParameterServer:
                 writer.add(frame)
             finite = writer.finish()
         except FrameError as e:
-            raise _invalid("size", str(e)) from None
+            raise invalid("size", str(e)) from None
         remaining = ctx.time_remaining()
         try:
             if remaining is not None and remaining <= 0:
@@ -362,20 +313,6 @@ class ParameterServer:
         })
 
 
-def _decode(frame0: bytes, header_type: type[H]) -> tuple[H, memoryview]:
-    try:
-        return decode_header(frame0, header_type)
-    except FrameError as e:
-        raise _invalid("malformed", str(e)) from None
-
-
-def _check_stats(s: pb.StepStats) -> None:
-    """Step statistics feed the run record and the policies: finite, and durations not negative."""
-    durations = (s.compute_s, s.send_s, s.wait_s, s.sleep_s, s.delay_sleep_s, s.delay_comm_s, s.delay_factor)
-    if s.step < 0 or not all(math.isfinite(x) and x >= 0 for x in durations) or not math.isfinite(s.loss_sum):
-        raise _invalid("stats", "step statistics must be finite, with durations and step >= 0")
-
-
 async def _one(frame: bytes) -> AsyncIterator[bytes]:
     yield frame
 
@@ -385,53 +322,3 @@ async def _no_chunks() -> AsyncIterator[bytes]:
     yield  # pragma: no cover - makes this an (empty) async generator
 
 
-class Server:
-    """A running PS: grpc.aio with the health service, on an event-loop thread of its own.
-
-    Callers stay synchronous: the training loop in ``ps_server.main`` and the tests
-    start and stop it from their own threads.
-    """
-
-    def __init__(self, ps: ParameterServer, address: str) -> None:
-        self.ps = ps
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="switchps-grpc", daemon=True)
-        self._thread.start()
-        self.port = self._call(self._start(address))
-
-    def _call(self, coro: Coroutine[object, object, T], timeout: float | None = None) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    async def _start(self, address: str) -> int:
-        tune_allocator()
-        self._server = grpc.aio.server(options=grpc_options())
-        self._server.add_generic_rpc_handlers([self.ps.handler()])
-        self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        port = self._server.add_insecure_port(address)
-        if port == 0:
-            raise OSError(f"cannot bind the PS to {address}")
-        await self._server.start()
-        for service in (SERVICE, ""):
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        return port
-
-    def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop and the RPC pool."""
-        self._call(self._stop(grace))
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5.0)
-        self.ps.pool.shutdown(wait=False, cancel_futures=True)
-
-    async def _stop(self, grace: float | None) -> None:
-        await self.health.enter_graceful_shutdown()
-        await self._server.stop(grace)
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= end:
-            return False
-        time.sleep(poll)
-    return True

@@ -33,9 +33,9 @@ import numpy as np
 from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.model import ModelStore, Snapshot
-from switchps.ps_server.optimizers import Optimizer
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.rescale import Batches, lr_scale, momentum_in_force
+from switchps.ps_server.overhead import SwitchRecord, switch_overheads
+from switchps.ps_server.rescale import Batches, adjust_optimizer, lr_scale, momentum_in_force
 
 if TYPE_CHECKING:
     from switchps.ps_server.controller import Controller
@@ -69,17 +69,6 @@ class _Round:
     acc: np.ndarray | None = None
     members: list[Push] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
-
-
-@dataclass
-class SwitchRecord:
-    """One live change of protocol, for the switch-overhead figure."""
-
-    decided_at: float
-    to: str
-    step_s: float = 0.0
-    """A worker's median step when the switch was decided: the step any first update must wait for."""
-    first_update_at: float | None = None
 
 
 class SyncEngine:
@@ -248,7 +237,7 @@ class SyncEngine:
             return
         self.lr_scale, self.momentum = scale, momentum
         set_momentum = momentum if self.configured_momentum else None
-        self.store.control(lambda opt: _adjust_optimizer(opt, scale, state, self.on_switch.state_scale,
+        self.store.control(lambda opt: adjust_optimizer(opt, scale, state, self.on_switch.state_scale,
                                                           set_momentum))
 
     def set_batches(self, batches: dict[int, int], reason: str, policy: str) -> None:
@@ -409,35 +398,3 @@ class SyncEngine:
             train_loss=sum(m.loss_sum for m in members) / sum(b),
             b_min=min(b), b_mean=sum(b) / len(b), b_max=max(b), wait_s=wait_s, time_budget_s=time_budget_s or None,
         )
-
-    def switch_overheads(self) -> list[float]:
-        return switch_overheads(self.switches, self.update_times)
-
-
-def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[float, str]]) -> list[float]:
-    """Per switch: decision to the first update under the new protocol, minus one normal step.
-
-    A normal step is the longer of a worker's median step when the switch was decided (compute and
-    communication, without barrier waits: no update can follow a decision sooner than one gradient
-    computed and sent) and the median interval between updates under the new protocol.
-    """
-    out = []
-    for sw in switches:
-        if sw.first_update_at is None:
-            continue
-        after = [t for t, proto in update_times if t >= sw.first_update_at and proto == sw.to][:11]
-        interval = float(np.median(np.diff(after))) if len(after) > 1 else 0.0
-        out.append(max(0.0, sw.first_update_at - sw.decided_at - max(sw.step_s, interval)))
-    return out
-
-
-def _adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,
-                      momentum: float | None) -> None:
-    """Runs on the applier thread, in order with the updates around it."""
-    opt.lr_scale = lr_scale
-    if momentum is not None:
-        opt.hyper["momentum"] = momentum
-    if state == "reset":
-        opt.reset_state()
-    elif state == "scale":
-        opt.scale_state(state_scale)

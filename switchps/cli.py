@@ -13,6 +13,7 @@ from pathlib import Path
 
 from switchps import __version__
 from switchps.config import ConfigError, RunConfig, load_config
+from switchps.jsonfile import dumps
 
 EXIT_CONFIG = 2
 
@@ -74,7 +75,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output.dir) / cfg.run_dir_name()
     summary = run_ps(cfg, run_dir)
-    print(json.dumps(summary))
+    print(dumps(summary))
     return 0
 
 

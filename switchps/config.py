@@ -27,7 +27,7 @@ from pydantic import (
 
 from switchps.checks import Role, data_problems, model_problems, optimizer_problems, policy_problems
 from switchps.problems import ConfigError, Problems, describe
-from switchps.ps_server.optimizers import make_schedule
+from switchps.ps_server.schedules import make_schedule
 from switchps.worker.stragglers import StragglerSpec
 from switchps.yamlfile import apply_override, read_yaml
 

@@ -10,7 +10,6 @@ compute time per step.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 from rich.table import Table
 
 from switchps.config import parse_config
+from switchps.jsonfile import write_json
 from switchps.launcher import launch
 from switchps.plots import console, read_csv, time_to_target
 from switchps.ps_server.optimizers import asynchrony_momentum
@@ -120,7 +120,7 @@ def run_amb_vs_fmb(study: AmbStudy, quiet: bool = True) -> dict[str, Any]:
         "speedup_seconds_per_step": round(f.seconds_per_step / a.seconds_per_step, 3),
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out / "study.json", result)
     plot_amb_vs_fmb(arms, study.target, out / "amb_vs_fmb.png")
     console().print(study_table(arms, study.target, result))
     return result
@@ -262,7 +262,7 @@ def report_sync_switch(study: SyncSwitchStudy, runs: dict[str, tuple[Path, dict]
     result = {"study": "sync-switch", "config": asdict(study), "bsp_final_accuracy": bsp_final,
               "target": target, "arms": rows}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out / "study.json", result)
     plot_sync_switch(runs, target, out / "sync_switch.png")
     console().print(sync_switch_table(rows, target))
     return result
@@ -385,7 +385,7 @@ def run_dynamic_batching(study: DynamicBatchingStudy, quiet: bool = True) -> dic
               "speedup": round(u["wall_time_s"] / d["wall_time_s"], 3),
               "accuracy_gap_points": round(100 * (d["final_accuracy"] - u["final_accuracy"]), 2)}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out / "study.json", result)
     t = Table(title=f"Dynamic batching, worker 0 {study.slow_factor:g}x slower, {study.epochs:g} epochs: "
                     f"{result['speedup']}x sooner")
     for col in ("arm", "wall time (s)", "final acc", "updates", "final per-worker batches"):

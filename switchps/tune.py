@@ -8,7 +8,6 @@ smallest fraction that did.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -17,6 +16,7 @@ import yaml
 from rich.table import Table
 
 from switchps.config import RunConfig, parse_config
+from switchps.jsonfile import write_json
 from switchps.launcher import launch
 from switchps.plots import console
 
@@ -83,7 +83,7 @@ def tune_switch(cfg: RunConfig, tolerance: float, repeats: int, min_fraction: fl
     (out / "schedule.yaml").write_text(schedule_snippet(chosen))
     result = {"bsp_accuracy": trials[0].accuracy, "tolerance": tolerance, "chosen_bsp_fraction": chosen,
               "trials": [{**asdict(t), "accuracy": t.accuracy} for t in trials]}
-    (out / "tune_switch.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out / "tune_switch.json", result)
     table_out = console()
     table_out.print(trials_table(trials, tolerance, chosen))
     table_out.print(f"schedule written to {out / 'schedule.yaml'}:\n{schedule_snippet(chosen)}")

@@ -15,7 +15,8 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.main import build_engine
 from switchps.ps_server.model import make_layout
-from switchps.ps_server.service import ParameterServer, Server
+from switchps.ps_server.server import Server
+from switchps.ps_server.service import ParameterServer
 from switchps.worker.client import PSClient, Reply
 
 

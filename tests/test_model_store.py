@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from switchps.ps_server.model import ModelStore, Snapshot, make_layout
-from switchps.ps_server.optimizers import make_optimizer, make_schedule
+from switchps.ps_server.optimizers import make_optimizer
+from switchps.ps_server.schedules import make_schedule
 
 CHUNK = 4096  # bytes = 1024 floats
 

@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from switchps.ps_server import optimizers as O  # noqa: E402
+from switchps.ps_server.schedules import make_schedule  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -65,7 +66,7 @@ def test_matches_keras(monkeypatch, block, name, hyper, keras_factory):
 
     variables = [keras.Variable(x, dtype="float32") for x in _split(init)]
     kopt = keras_factory(KS.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.7))
-    opt = O.make_optimizer(name, SIZE, O.make_schedule(
+    opt = O.make_optimizer(name, SIZE, make_schedule(
         "exponential", 0.05, decay_steps=2, decay_rate=0.7), **hyper)
     params = init.copy()
     for g in grads:
@@ -82,17 +83,17 @@ STEPS_TO_CHECK = list(range(0, 160)) + [500, 10_000]
 
 
 @pytest.mark.parametrize(("ours", "theirs"), [
-    (O.make_schedule("step", 1.0, boundaries=[10, 50, 100], values=[1.0, 0.5, 0.1, 0.01]),
+    (make_schedule("step", 1.0, boundaries=[10, 50, 100], values=[1.0, 0.5, 0.1, 0.01]),
      KS.PiecewiseConstantDecay([10, 50, 100], [1.0, 0.5, 0.1, 0.01])),
-    (O.make_schedule("step", 0.4, boundaries=[5, 20], decay_rate=0.5),
+    (make_schedule("step", 0.4, boundaries=[5, 20], decay_rate=0.5),
      KS.PiecewiseConstantDecay([5, 20], [0.4, 0.2, 0.1])),
-    (O.make_schedule("exponential", 0.1, decay_steps=7, decay_rate=0.9),
+    (make_schedule("exponential", 0.1, decay_steps=7, decay_rate=0.9),
      KS.ExponentialDecay(0.1, decay_steps=7, decay_rate=0.9)),
-    (O.make_schedule("exponential", 0.1, decay_steps=7, decay_rate=0.9, staircase=True),
+    (make_schedule("exponential", 0.1, decay_steps=7, decay_rate=0.9, staircase=True),
      KS.ExponentialDecay(0.1, decay_steps=7, decay_rate=0.9, staircase=True)),
-    (O.make_schedule("cosine", 0.2, decay_steps=100),
+    (make_schedule("cosine", 0.2, decay_steps=100),
      KS.CosineDecay(0.2, decay_steps=100)),
-    (O.make_schedule("cosine", 0.2, decay_steps=100, alpha=0.1),
+    (make_schedule("cosine", 0.2, decay_steps=100, alpha=0.1),
      KS.CosineDecay(0.2, decay_steps=100, alpha=0.1)),
 ], ids=["piecewise", "piecewise-decay-rate", "exponential", "staircase", "cosine",
         "cosine-alpha"])
@@ -104,15 +105,15 @@ def test_schedule_matches_keras(ours, theirs):
 
 
 def test_constant_schedule():
-    assert O.make_schedule("constant", 0.3)(12345) == 0.3
+    assert make_schedule("constant", 0.3)(12345) == 0.3
 
 
 def test_warmup():
-    sched = O.make_schedule("constant", 0.1, warmup_steps=4)
+    sched = make_schedule("constant", 0.1, warmup_steps=4)
     np.testing.assert_allclose([sched(s) for s in range(6)],
                                [0.025, 0.05, 0.075, 0.1, 0.1, 0.1])
-    base = O.make_schedule("cosine", 0.2, decay_steps=50)
-    warm = O.make_schedule("cosine", 0.2, decay_steps=50, warmup_steps=10)
+    base = make_schedule("cosine", 0.2, decay_steps=50)
+    warm = make_schedule("cosine", 0.2, decay_steps=50, warmup_steps=10)
     for s in range(60):
         assert warm(s) == pytest.approx(base(s) * min(1.0, (s + 1) / 10))
 
@@ -136,17 +137,17 @@ def test_warmup():
 ])
 def test_bad_schedule_args(kind, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        O.make_schedule(kind, 0.1, **kwargs)
+        make_schedule(kind, 0.1, **kwargs)
 
 
 def test_negative_learning_rate():
     with pytest.raises(ValueError, match="learning_rate"):
-        O.make_schedule("constant", -0.1)
+        make_schedule("constant", -0.1)
 
 
 # ------------------------------------------------------------------------ optimizer API
 
-CONST = O.make_schedule("constant", 0.1)
+CONST = make_schedule("constant", 0.1)
 
 
 def test_lr_factor_halves_sgd_step():
@@ -160,7 +161,7 @@ def test_lr_factor_halves_sgd_step():
 
 
 def test_learning_rate_schedule_and_scale():
-    opt = O.make_optimizer("sgd", 1, O.make_schedule(
+    opt = O.make_optimizer("sgd", 1, make_schedule(
         "step", 1.0, boundaries=[0], values=[1.0, 0.5]))
     params = np.zeros(1, np.float32)
     assert opt.iterations == 0 and opt.learning_rate() == 1.0

@@ -20,6 +20,9 @@ def test_amb_vs_fmb_replays_the_same_trace_and_writes_its_outputs(tmp_path):
                      out=str(tmp_path))
     result = run_amb_vs_fmb(study)
     fmb, amb = (Path(a["run_dir"]) for a in result["arms"])
+    for arm in (fmb, amb):
+        summary = json.loads((arm / "summary.json").read_text())
+        assert summary["final_version"] == summary["updates"] == 12, "each arm's final accuracy is of its last version"
     fmb_trace, amb_trace = load_trace(fmb / "stragglers.csv"), load_trace(amb / "stragglers.csv")
     common = fmb_trace.keys() & amb_trace.keys()
     assert len(common) >= 3 * 10

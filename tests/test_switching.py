@@ -127,7 +127,9 @@ def test_schedule_policy_switches_at_its_fraction(cluster_factory):
         c.workers[0].push(np.ones(2, G), 1)
     assert [r["protocol"] for r in c.ps_rows()] == ["bsp"] * 3 + ["asp"] * 3
     assert [e["to"] for e in c.events("switch")] == ["asp"]
-    assert c.engine.switch_overheads() and c.engine.rec.counts["dropped"] == 0
+    from switchps.ps_server.overhead import switch_overheads
+
+    assert switch_overheads(c.engine.switches, c.engine.update_times) and c.engine.rec.counts["dropped"] == 0
 
 
 def test_elastic_exclusion_uses_stale_contributions(cluster_factory):
@@ -172,7 +174,7 @@ def test_per_worker_batches_reach_the_work_orders(cluster_factory):
 
 
 def test_switch_overhead_subtracts_one_normal_step():
-    from switchps.ps_server.sync import SwitchRecord, switch_overheads
+    from switchps.ps_server.overhead import SwitchRecord, switch_overheads
 
     # decided at 10.0; under ASP updates then come every 0.05 s, but a worker step takes 0.25 s
     asp = SwitchRecord(decided_at=10.0, to="asp", step_s=0.25, first_update_at=10.27)

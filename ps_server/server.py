@@ -1,0 +1,69 @@
+"""A running PS server: grpc.aio with the health service, on an event-loop thread of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from switchps.protos.codec import grpc_options, tune_allocator
+from switchps.ps_server.service import SERVICE, ParameterServer
+
+T = TypeVar("T")
+
+
+class Server:
+    """A running PS: grpc.aio with the health service, on an event-loop thread of its own.
+
+    Callers stay synchronous: the training loop in ``ps_server.main`` and the tests
+    start and stop it from their own threads.
+    """
+
+    def __init__(self, ps: ParameterServer, address: str) -> None:
+        self.ps = ps
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="switchps-grpc", daemon=True)
+        self._thread.start()
+        self.port = self._call(self._start(address))
+
+    def _call(self, coro: Coroutine[object, object, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _start(self, address: str) -> int:
+        tune_allocator()
+        self._server = grpc.aio.server(options=grpc_options())
+        self._server.add_generic_rpc_handlers([self.ps.handler()])
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        port = self._server.add_insecure_port(address)
+        if port == 0:
+            raise OSError(f"cannot bind the PS to {address}")
+        await self._server.start()
+        for service in (SERVICE, ""):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return port
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop and the RPC pool."""
+        self._call(self._stop(grace))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5.0)
+        self.ps.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _stop(self, grace: float | None) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(poll)
+    return True
