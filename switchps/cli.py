@@ -6,16 +6,19 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 from switchps import __version__
 from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
 
 EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
 
 
 def _watch_parent() -> None:
@@ -30,6 +33,23 @@ def _watch_parent() -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def _exit_on_sigint(role: str) -> None:
+    """Make a Ctrl-C (it reaches the launcher's whole process group) end this child at once, in one log line.
+
+    The launcher stops the whole run anyway. ``os._exit``, not KeyboardInterrupt: raised inside gRPC or
+    TF code, the exception can leave a lock held that the interpreter's exit then waits on. The launcher
+    spawns children with SIGINT blocked, so one that arrived during the imports is delivered here, once
+    the handler is in place.
+    """
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        os.write(2, f"switchps {role}: interrupted (SIGINT), exiting\n".encode())
+        os._exit(EXIT_INTERRUPTED)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _tf_config(cfg: RunConfig, role: str, index: int | None) -> int | None:
@@ -60,9 +80,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except LaunchError as e:
         console.print(f"[red]switchps: {e}")
         return 1
-    except KeyboardInterrupt:
-        console.print("[yellow]switchps: interrupted; all processes stopped")
-        return 130
     console.print(summary_table(run_dir, summary))
     print(run_dir)
     return 0
@@ -221,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command in ("ps", "worker", "evaluator"):
+        if os.environ.get("SWITCHPS_PARENT_PID"):  # started by `switchps run`
+            _exit_on_sigint(args.command)
         _watch_parent()
     try:
         return args.func(args)
@@ -228,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         for problem in e.problems:
             print(f"switchps: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
+    except KeyboardInterrupt:  # `launch` has stopped every child before raising it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a repeated Ctrl-C must not interrupt the exit
+        print("switchps: interrupted; all processes stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -4,18 +4,38 @@ Children are started with ``subprocess`` (never fork after TF import), each
 logging to ``RUN_DIR/logs/<role>.log``. The launcher shows progress from the
 PS's Status RPC, and if any process fails (or on Ctrl-C) it stops all of them
 and says which one failed and why.
+
+Ctrl-C contract: within 10 s of a SIGINT, whatever `launch` was doing
+(waiting for the PS, spawning, following, stopping), every child has been
+sent SIGTERM, then SIGKILL if it outlived ``KILL_AFTER_S``, and `launch`
+raises KeyboardInterrupt, which `switchps run` reports in one stderr line
+before exiting 130; further SIGINTs change nothing. To keep that promise the
+signal never raises at an arbitrary bytecode: a KeyboardInterrupt landing
+between a lock's acquire and its release (``Popen.poll``'s waitpid lock, a
+gRPC channel's condition) leaves the lock held, and the next ``wait()`` or
+``close()`` blocks forever. The handler only sets a flag, which the launcher
+checks between RPCs, sleeps and spawns (at most ~2.5 s apart); every wait in
+``stop_all`` is bounded. A terminal's Ctrl-C also reaches the children (same
+process group): they start with SIGINT blocked and unblock it once their own
+handler is in place, which logs one line and exits 130 (``switchps.cli``).
+Before `launch` runs there is no child, and KeyboardInterrupt reaches
+``switchps.cli.main`` as usual.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -26,10 +46,52 @@ from switchps.worker.client import PSClient, wait_for_ps
 
 console = Console(stderr=True)
 STOP_TIMEOUT_S = 10.0
+KILL_AFTER_S = 3.0  # SIGTERM -> SIGKILL grace after a failure or Ctrl-C
+REAP_S = 1.0  # bounds the wait after SIGKILL, which no process can refuse
 
 
 class LaunchError(RuntimeError):
     """A child process failed; the message names it and quotes its log."""
+
+
+class CtrlC:
+    """SIGINT recorded as a flag, turned into KeyboardInterrupt only where stopping is safe."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def record(self, signum: int, frame: FrameType | None) -> None:
+        self.pressed = True
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def sigint_as_flag() -> Iterator[CtrlC]:
+    """Defer SIGINT to ``CtrlC.check`` for the duration.
+
+    This also overrides an inherited SIG_IGN (a background job of a non-interactive shell), under
+    which `switchps run` would otherwise ignore every Ctrl-C and ``kill -INT``.
+    """
+    ctrl_c = CtrlC()
+    previous = signal.signal(signal.SIGINT, ctrl_c.record)
+    try:
+        yield ctrl_c
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    ctrl_c.check()  # a Ctrl-C during the last steps still counts
+
+
+@contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread; a child forked meanwhile inherits the mask through exec."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @dataclass
@@ -59,25 +121,34 @@ def child_env() -> dict[str, str]:
 
 
 def spawn(role: str, args: list[str], run_dir: Path) -> Child:
+    """Start a role with SIGINT blocked: a Ctrl-C during its imports waits for its handler (see cli)."""
     log = run_dir / "logs" / f"{role}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as f:
+    with log.open("w") as f, sigint_blocked():
         proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *args], stdout=f, stderr=subprocess.STDOUT,
                                 env=child_env(), stdin=subprocess.DEVNULL)
     return Child(role, proc, log)
 
 
 def stop_all(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM every running child, SIGKILL those alive after ``timeout_s``; returns within ``timeout_s + REAP_S``."""
+    _signal_all(children, signal.SIGTERM)
+    _wait_all(children, timeout_s)
+    _signal_all(children, signal.SIGKILL)
+    _wait_all(children, REAP_S)
+
+
+def _signal_all(children: list[Child], sig: signal.Signals) -> None:
     for c in children:
         if c.proc.poll() is None:
-            c.proc.terminate()
+            c.proc.send_signal(sig)
+
+
+def _wait_all(children: list[Child], timeout_s: float) -> None:
     end = time.monotonic() + timeout_s
     for c in children:
-        try:
-            c.proc.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            c.proc.kill()
-            c.proc.wait()
+        with suppress(subprocess.TimeoutExpired):
+            c.proc.wait(max(0.0, end - time.monotonic()))
 
 
 def check(children: list[Child]) -> None:
@@ -88,7 +159,7 @@ def check(children: list[Child]) -> None:
 
 
 def launch(cfg: RunConfig, quiet: bool = False) -> tuple[Path, dict]:
-    """Run the whole job locally; returns the run directory and its summary."""
+    """Run the whole job locally; returns the run directory and its summary (Ctrl-C: see the module doc)."""
     host, _, port = cfg.cluster.ps.rpartition(":")
     if port == "0":
         cfg.cluster.ps = f"{host}:{free_port(host)}"
@@ -99,24 +170,30 @@ def launch(cfg: RunConfig, quiet: bool = False) -> tuple[Path, dict]:
     config_path = run_dir / "config.yaml"
     config_path.write_text(cfg.dump())
     cfg_arg = str(config_path)
-    children = [spawn("ps", ["ps", cfg_arg, "--run-dir", str(run_dir)], run_dir)]
-    try:
-        _wait_for_ps(cfg.cluster.ps, children[0])
-        children.append(spawn("evaluator", ["evaluator", cfg_arg, "--run-dir", str(run_dir)], run_dir))
-        children += [spawn(f"worker-{i}", ["worker", cfg_arg, "--index", str(i)], run_dir)
-                     for i in range(cfg.cluster.num_workers)]
-        _follow(cfg, children, quiet)
-        stop_all(children[1:], STOP_TIMEOUT_S)
-    except BaseException:
-        stop_all(children, timeout_s=3.0)
-        raise
+    roles = [("evaluator", ["evaluator", cfg_arg, "--run-dir", str(run_dir)])]
+    roles += [(f"worker-{i}", ["worker", cfg_arg, "--index", str(i)]) for i in range(cfg.cluster.num_workers)]
+    children: list[Child] = []
+    with sigint_as_flag() as ctrl_c:
+        try:
+            children.append(spawn("ps", ["ps", cfg_arg, "--run-dir", str(run_dir)], run_dir))
+            _wait_for_ps(cfg.cluster.ps, children[0], ctrl_c)
+            for role, args in roles:
+                ctrl_c.check()
+                children.append(spawn(role, args, run_dir))
+            _follow(cfg, children, quiet, ctrl_c)
+            stop_all(children[1:], STOP_TIMEOUT_S)
+        except BaseException:
+            stop_all(children, KILL_AFTER_S)
+            ctrl_c.check()  # a child that died of the same (group-wide) Ctrl-C is not a failure
+            raise
     summary = json.loads((run_dir / "summary.json").read_text())
     return run_dir, summary
 
 
-def _wait_for_ps(address: str, ps: Child, timeout_s: float = 60.0) -> None:
+def _wait_for_ps(address: str, ps: Child, ctrl_c: CtrlC, timeout_s: float = 60.0) -> None:
     end = time.monotonic() + timeout_s
     while True:
+        ctrl_c.check()
         check([ps])
         try:
             wait_for_ps(address, timeout_s=1.0)
@@ -126,9 +203,17 @@ def _wait_for_ps(address: str, ps: Child, timeout_s: float = 60.0) -> None:
                 raise LaunchError(f"the PS did not come up at {address}; last lines of {ps.log}:\n{ps.tail()}")
 
 
-def _follow(cfg: RunConfig, children: list[Child], quiet: bool) -> None:
-    """Show progress until the PS exits; raise if any process fails first."""
+def _follow(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC) -> None:
+    """Show progress until the PS exits; raise if any process fails or Ctrl-C is pressed first."""
     client = PSClient(cfg.cluster.ps, timeout_s=2.0)
+    try:
+        _progress(cfg, children, quiet, ctrl_c, client)
+    finally:
+        client.close()
+    check(children)
+
+
+def _progress(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC, client: PSClient) -> None:
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TextColumn("v{task.fields[version]} {task.fields[protocol]} acc {task.fields[acc]}"),
                TimeElapsedColumn()]
@@ -136,6 +221,7 @@ def _follow(cfg: RunConfig, children: list[Child], quiet: bool) -> None:
         task = bar.add_task(cfg.name, total=1.0, version=0, protocol=cfg.protocol.name, acc="—")
         ps = children[0]
         while ps.proc.poll() is None:
+            ctrl_c.check()
             check(children)
             try:
                 s = client.status()
@@ -145,8 +231,6 @@ def _follow(cfg: RunConfig, children: list[Child], quiet: bool) -> None:
                 pass
             time.sleep(0.5)
         bar.update(task, completed=1.0)
-    client.close()
-    check(children)
 
 
 def summary_table(run_dir: Path, summary: dict) -> Table:
