@@ -67,8 +67,9 @@ def serve_ps(port: int) -> None:
     cfg = parse_config({"cluster": {"workers": 1}, "protocol": {"name": "asp"},
                         "optimizer": {"name": "sgd", "learning_rate": 1e-6}, "train": {"steps": 10**9}})
     engine = build_engine(cfg, Path(tempfile.mkdtemp(prefix="switchps-bench-")))
-    Server(ParameterServer(engine, 1), f"127.0.0.1:{port}")
+    server = Server(ParameterServer(engine, 1), f"127.0.0.1:{port}")
     threading.Event().wait()  # serve until killed
+    server.stop()
 
 
 def _spawn(*args: str) -> subprocess.Popen:

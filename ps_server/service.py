@@ -167,11 +167,12 @@ class ParameterServer:
 
     async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         """A push whose payload and reply each fit in one frame (models up to INLINE_BYTES)."""
-        return b"".join([f async for f in self._push(_one(frame), ctx)])
+        return b"".join([f async for f in self._push(_one(frame), ctx, stream=False)])
 
-    async def _push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def _push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
+                    stream: bool = True) -> AsyncIterator[bytes]:
         try:
-            p, stats = await self._receive_push(frames, ctx)
+            p, stats = await self._receive_push(frames, ctx, stream)
         except Rejected as r:
             await self._reject(ctx, "push", r)
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
@@ -221,8 +222,8 @@ class ParameterServer:
         async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
             yield frame
 
-    async def _receive_push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext
-                            ) -> tuple[Push, pb.StepStats]:
+    async def _receive_push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
+                            stream: bool) -> tuple[Push, pb.StepStats]:
         """Validate a push and read it to the end of its stream; the model is untouched unless this returns."""
         h, first = decode(await self._first(frames), pb.PushHeader)
         e, store = self.engine, self.store
@@ -230,7 +231,7 @@ class ParameterServer:
                    store.version, e.issued.get(h.worker, 0))
         grad = self.store.buffers.get()
         try:
-            finite = await self._fill(PayloadWriter(grad, check_finite=True), first, frames, ctx)
+            finite = await self._fill(PayloadWriter(grad, check_finite=True), first, frames, ctx, stream)
             if not finite:
                 raise invalid("non_finite", "gradient has NaN or inf values")
         except BaseException:
@@ -261,11 +262,11 @@ class ParameterServer:
 
     @staticmethod
     async def _fill(writer: PayloadWriter, first: memoryview, frames: AsyncIterator[bytes],
-                    ctx: grpc.aio.ServicerContext) -> bool:
+                    ctx: grpc.aio.ServicerContext, stream: bool = True) -> bool:
         """Receive the whole payload; returns whether it is finite. It counts only if the stream ended
         cleanly: grpc reports a stream that broke (a frame over the size cap, the client's deadline) as a
-        plain end of stream, so the end is confirmed by sending the reply's initial metadata, which fails
-        on a broken call."""
+        plain end of stream, so the end of a ``stream`` is confirmed by sending the reply's initial
+        metadata, which fails on a broken call. A unary request arrives whole or not at all."""
         try:
             if len(first):
                 writer.add(first)
@@ -278,7 +279,8 @@ class ParameterServer:
         try:
             if remaining is not None and remaining <= 0:
                 raise TimeoutError
-            await ctx.send_initial_metadata(())
+            if stream:
+                await ctx.send_initial_metadata(())
         except Exception:
             raise Rejected(grpc.StatusCode.CANCELLED, "broken_stream", "the stream broke before its end") from None
         return finite
