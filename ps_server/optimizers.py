@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from switchps.ps_server.schedules import Schedule
+from switchps.ps_server.schedules import LRSchedule
 
 BLOCK = 131072
 """Elements per block (512 KiB per float32 array), read when an optimizer is created."""
@@ -44,7 +44,7 @@ class Optimizer:
     defaults: ClassVar[dict[str, float]]
     first_moments: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, size: int, schedule: Schedule, **hyper: float) -> None:
+    def __init__(self, size: int, schedule: LRSchedule, **hyper: float) -> None:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         for key in hyper:
@@ -323,7 +323,7 @@ def configured_momentum(name: str, hyper: dict[str, float]) -> float:
     return hyper.get("momentum", OPTIMIZERS[name].defaults.get("momentum", 0.0))
 
 
-def make_optimizer(name: str, size: int, schedule: Schedule, **hyper: float) -> Optimizer:
+def make_optimizer(name: str, size: int, schedule: LRSchedule, **hyper: float) -> Optimizer:
     """Instantiate ``OPTIMIZERS[name]``; unknown names or hyper-parameters raise ``ValueError``."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")

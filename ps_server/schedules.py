@@ -7,7 +7,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-Schedule = Callable[[int], float]
+SCHEDULES: dict[str, set[str]] = {
+    "constant": set(),
+    "step": {"boundaries", "values", "decay_rate"},
+    "exponential": {"decay_steps", "decay_rate", "staircase"},
+    "cosine": {"decay_steps", "alpha"},
+}
+"""Every schedule kind by name, with the arguments it takes: the one list, which config validation uses."""
+
+LRSchedule = Callable[[int], float]
 """Maps the optimizer's ``iterations`` (0 before the first update) to a learning rate."""
 
 
@@ -65,7 +73,7 @@ class _Cosine:
 class _Warmup:
     """``base(step) * min(1, (step + 1) / warmup_steps)``."""
 
-    base: Schedule
+    base: LRSchedule
     warmup_steps: int
 
     def __call__(self, step: int) -> float:
@@ -83,7 +91,7 @@ def make_schedule(
     alpha: float = 0.0,
     staircase: bool = False,
     warmup_steps: int = 0,
-) -> Schedule:
+) -> LRSchedule:
     """Build a learning-rate schedule ``step -> lr``.
 
     Kinds (each matches the Keras schedule of the same semantics):
@@ -104,14 +112,8 @@ def make_schedule(
     Raises ``ValueError`` for unknown kinds, missing or out-of-range arguments,
     and arguments that the chosen kind does not use.
     """
-    used = {
-        "constant": set(),
-        "step": {"boundaries", "values", "decay_rate"},
-        "exponential": {"decay_steps", "decay_rate", "staircase"},
-        "cosine": {"decay_steps", "alpha"},
-    }
-    if kind not in used:
-        raise ValueError(f"unknown schedule kind {kind!r}; expected one of {sorted(used)}")
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown schedule kind {kind!r}; expected one of {sorted(SCHEDULES)}")
     given = {
         name
         for name, value, default in (
@@ -124,7 +126,7 @@ def make_schedule(
         )
         if value != default
     }
-    if extra := sorted(given - used[kind]):
+    if extra := sorted(given - SCHEDULES[kind]):
         raise ValueError(f"schedule {kind!r} does not take {', '.join(extra)}")
     if not (math.isfinite(learning_rate) and learning_rate >= 0):
         raise ValueError(f"learning_rate must be finite and >= 0, got {learning_rate}")
@@ -137,7 +139,7 @@ def make_schedule(
     if decay_rate is not None and not (math.isfinite(decay_rate) and decay_rate > 0):
         raise ValueError(f"decay_rate must be finite and > 0, got {decay_rate}")
 
-    base: Schedule
+    base: LRSchedule
     if kind == "constant":
         base = _Constant(float(learning_rate))
     elif kind == "step":

@@ -22,7 +22,7 @@ from switchps.jsonfile import write_json
 from switchps.launcher import launch
 from switchps.plots import console, read_csv, time_to_target
 from switchps.ps_server.optimizers import asynchrony_momentum
-from switchps.worker.stragglers import MixtureSpec, expected_mixture_mean
+from switchps.straggler_config import MixtureSpec, expected_mixture_mean
 
 
 MOMENTUM = 0.9

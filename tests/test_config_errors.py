@@ -81,7 +81,8 @@ BAD = [
     ("many at once", "protocol: {name: gossip, batch: 0}\noptimizer: {learning_rate: -1}\ncluster: {workers: 0}\n"
                      "bogus: 1\n", [],
      ["cluster.workers: need at least one worker", "optimizer.learning_rate: Input should be greater than 0",
-      "protocol.name: Input should be", "protocol.batch: Input should be greater than 0", "bogus: unknown key"]),
+      "protocol.name: unknown protocol 'gossip'", "protocol.batch: Input should be greater than 0",
+      "bogus: unknown key"]),
     ("--set bad value", "train: {steps: 10}", ["protocol.batch=lots"],
      ["protocol.batch: Input should be a valid integer, unable to parse string as an integer (got 'lots')"]),
     ("--set malformed twice", "train: {steps: 10}", ["protocol.batch", "model.kwargs={hidden: [1"],

@@ -10,7 +10,7 @@ import pytest
 
 from switchps.plots import read_csv
 from switchps.study import AmbStudy, run_amb_vs_fmb
-from switchps.worker.stragglers import load_trace
+from switchps.ps_server.records import load_trace
 
 pytestmark = pytest.mark.integration
 

@@ -47,7 +47,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     data, model = _setup(cfg)
     x, y = data.shard(index, cfg.cluster.num_workers)
     gc = GradientComputer(model, data.input_shape)
-    gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.effective_micro_batch)  # never inside a timed step
+    gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     layout = gc.weights.layout()
     client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
     reg = client.register(index, layout, len(x))  # ready: the PS starts the clock once every worker is
