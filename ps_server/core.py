@@ -14,43 +14,41 @@ next wants ``timer`` called (a deadline, a window, the time limit, the start-up 
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import ClusterView, Decision, Policy
+from switchps.ps_server import observer
 from switchps.ps_server.events import (
-    Action, Apply, Count, Outcome, Push, Record, Recycle, Release, SetOptimizer, StepReport, WorkOrder, invalid,
-    precondition,
+    Action, Apply, Batches, Count, Effect, Membership, Outcome, Push, Record, Recycle, Release, SetOptimizer,
+    StepReport, Update, WorkOrder, invalid, load_membership, membership_state, precondition,
 )
-from switchps.ps_server.membership import Membership
-from switchps.ps_server.observer import Observer
 from switchps.ps_server.overhead import SwitchRecord
-from switchps.ps_server.protocols import PROTOCOLS, Batches, Effect, Update, make_protocol
-from switchps.ps_server.rescale import lr_scale, momentum_in_force
+from switchps.ps_server.protocols import PROTOCOLS, make_protocol
+from switchps.ps_server.rescale import rescaled
 
 MAX_SHARD_SIZE = 2**40
-
-
-def _discard(buffer: Any) -> None:
-    """The default ``recycle``: let the buffer go."""
 
 
 class Core:
     def __init__(self, protocol: ProtocolSpec, train: TrainSpec, num_workers: int, *,
                  startup_timeout_s: float = 120.0, on_switch: SwitchSpec | None = None, momentum: float = 0.0,
                  policy: Policy | None = None, every_k: int = 10, window: int = 5,
-                 recycle: Recycle = _discard) -> None:
-        self.spec, self.train, self.recycle = protocol, train, recycle
-        self.protocol = make_protocol(protocol, recycle)
-        self.reference = make_protocol(protocol, recycle)  # the configured protocol, for the learning-rate rule
+                 recycle: Recycle | None = None) -> None:
+        self.spec, self.train = protocol, train
+        self.recycle: Recycle = recycle or (lambda buffer: None)
+        self.protocol = make_protocol(protocol, self.recycle)
+        self.reference = make_protocol(protocol, self.recycle)  # the configured protocol, for the learning-rate rule
         self.members = Membership(num_workers)
         self.startup_timeout_s = startup_timeout_s
         self.on_switch = on_switch or SwitchSpec()
         self.configured_momentum = self.momentum = momentum
         self.policy, self.every_k = policy, every_k
-        self.observer = Observer(num_workers, window)
+        self.recent = observer.Recent(window, 2 * num_workers)
         self.version = self.samples = 0
         self.lr_scale = 1.0
         self.initialized = False
@@ -93,8 +91,13 @@ class Core:
         self._maybe_start(now)
         return self._flush()
 
-    def check_push(self, worker: int, samples: int, base_version: int) -> None:
-        """Raise ``Rejected`` unless a push with this header may enter (checked before its payload is read)."""
+    def check_push(self, worker: int, samples: int, base_version: int, stats: Sequence[float] = ()) -> None:
+        """Raise ``Rejected`` unless a push with this header may enter (checked before its payload is read).
+
+        ``stats`` are the step's counts and durations, which feed the record and the policies: each must be
+        finite and not negative."""
+        if not all(math.isfinite(x) and x >= 0 for x in stats):
+            raise invalid("stats", "step statistics must be finite, with durations and step >= 0")
         if worker not in self.members.registered:
             raise invalid("unknown_worker", f"unknown worker id {worker}")
         if self.started_at is None:
@@ -110,7 +113,7 @@ class Core:
         """A validated push arrived (the core owns its buffer from here on)."""
         m = self.members
         m.last_seen[p.worker] = now
-        self.observer.step(p.worker, report, p.samples, p.loss_sum)
+        self._note_step(p, report)
         p.staleness = self.version - p.base_version
         if self.done:
             self._drop(p, "finished")
@@ -164,14 +167,16 @@ class Core:
         return self.finished_at is not None
 
     def progress(self, now: float) -> float:
+        """The fraction of the training length done: exactly 1.0 once it is reached (compared, not divided,
+        as (t0 + s - t0) / s can round below 1)."""
         t, started = self.train, self.started_at
-        if t.steps:
-            frac = self.version / t.steps
-        elif t.epochs:
-            frac = self.samples / max(1.0, t.epochs * self.members.train_size)
-        else:
-            frac = (now - started) / t.seconds if started is not None and t.seconds else 0.0
-        return min(1.0, frac)
+        if t.steps or t.epochs:
+            done, length = (self.version, t.steps) if t.steps else \
+                (self.samples, (t.epochs or 0) * sum(self.members.registered.values()))
+            return 0.0 if not length else 1.0 if done >= length else done / length
+        if started is None or not t.seconds:
+            return 0.0
+        return 1.0 if now >= started + t.seconds else (now - started) / t.seconds
 
     def work_order(self, worker: int = -1) -> WorkOrder:
         """The next work order for ``worker`` (-1: a reader such as the evaluator, who computes nothing)."""
@@ -181,33 +186,29 @@ class Core:
         return WorkOrder(self.spec.name, self.version, b.samples, b.time_s, b.micro_batch, self.done)
 
     def view(self, now: float) -> ClusterView:
-        m = self.members
-        return ClusterView(
-            version=self.version, time_s=now - (self.started_at or now), progress=self.progress(now),
-            protocol=self.spec.name, num_workers=m.num_workers, active=frozenset(m.active),
-            excluded=frozenset(m.excluded), workers=self.observer.workers(),
-            batches={w: self.protocol.budget(w, self.batches).samples for w in sorted(m.active)},
-            train_loss=self.observer.train_loss(), time_budget_s=self.protocol.budget(-1, {}).time_s or None,
-            epoch=self.samples / (m.train_size or 1))
+        """What the policy sees: a frozen view of the cluster now."""
+        budgets = {w: self.protocol.budget(w, self.batches) for w in [-1, *sorted(self.members.active)]}
+        return observer.view(self.recent, self.members, self.version, self.samples, self.spec.name, budgets,
+                             now - (self.started_at or now), self.progress(now))
 
     def state_dict(self, now: float) -> dict[str, Any]:
         """Everything the core and its policy hold, as plain data, with times relative to ``now``."""
         return {
             "spec": self.spec.model_dump(), "protocol": self.protocol.state_dict(),
-            "members": self.members.state_dict(), "version": self.version, "samples": self.samples,
+            "members": membership_state(self.members),
+            "version": self.version, "samples": self.samples,
             "batches": {str(w): b for w, b in self.batches.items()},
             "issued": {str(w): b for w, b in self.issued.items()},
             "lr_scale": self.lr_scale, "momentum": self.momentum, "since": self._since,
             "initialized": self.initialized, "finished": self.done,
             "elapsed_s": None if self.started_at is None else now - self.started_at,
-            "observer": self.observer.state_dict(),
+            "recent": observer.state(self.recent),
             "policy": None if self.policy is None else self.policy.state_dict(),
         }
 
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         """Continue from ``state_dict``'s data at time ``now``."""
-        self.members.load_state_dict(d["members"])
-        self.members.last_seen = dict.fromkeys(self.members.registered, now)
+        load_membership(self.members, d["members"], now)
         self.spec = ProtocolSpec.model_validate(d["spec"])
         self.protocol = make_protocol(self.spec, self.recycle)
         self.protocol.enter(None, self.members, now)
@@ -220,7 +221,7 @@ class Core:
         self.started_at = None if d["elapsed_s"] is None else now - d["elapsed_s"]
         self.first_register = self.started_at
         self.finished_at = now if d["finished"] else None
-        self.observer.load_state_dict(d["observer"])
+        observer.restore(self.recent, d["recent"])
         if self.policy is not None and d["policy"] is not None:
             self.policy.load_state_dict(d["policy"])
 
@@ -253,7 +254,7 @@ class Core:
         a = u.aggregate
         self.version += 1
         self.samples += a.samples
-        self.observer.update(a.samples)
+        self.recent.update_samples.append(a.samples)
         self.update_times.append((now, self.spec.name))
         for sw in self.switches:
             if sw.first_update_at is None and sw.to == self.spec.name:
@@ -268,11 +269,20 @@ class Core:
         self.recycle(p.grad)
         self._replies.append((p, Outcome(False, p.staleness, 0.0, f"dropped: {reason}")))
 
+    def _note_step(self, p: Push, report: StepReport) -> None:
+        r = self.recent
+        window = r.steps.get(p.worker) or r.steps.setdefault(p.worker, deque(maxlen=r.window))
+        window.append((report.compute_s, report.compute_s + report.sleep_s, p.samples, p.loss_sum))
+        r.step_s.append(report.compute_s + report.sleep_s + max(0.0, report.send_s - report.wait_s))
+        r.step_samples.append(p.samples)
+
     def _settle(self, updates: int, now: float) -> None:
-        """After updates: a switch that waited for its round, the measured learning-rate rule, the policy."""
+        """After updates: a switch that waited for its round, a learning rate that follows measured
+        batches, the policy."""
         if self.pending is not None and not self.protocol.busy():
             self._switch_now(*self.pending, now)
-        self._rescale()
+        if self.protocol.measures_batch:
+            self._rescale()
         self._since += updates
         if self.policy is not None and not self._consulting and \
                 (not self.protocol.asynchronous or self._since >= self.every_k):
@@ -305,17 +315,8 @@ class Core:
         if self.policy is not None:  # e.g. a schedule's first phase is in force from step 0
             self._consult(now)
 
-    def _training_length_reached(self, now: float) -> bool:
-        """Exactly (progress is a ratio, and (t0 + s - t0) / s can round below 1)."""
-        t, started = self.train, self.started_at
-        if t.steps:
-            return self.version >= t.steps
-        if t.epochs:
-            return self.samples >= t.epochs * self.members.train_size
-        return started is not None and t.seconds is not None and now >= started + t.seconds
-
     def _check_finished(self, now: float) -> None:
-        if self.done or self.started_at is None or not self._training_length_reached(now):
+        if self.done or self.started_at is None or self.progress(now) < 1.0:
             return
         self.finished_at = now
         self._run(self.protocol.drain(self.members, now), now, settle=False)  # its pushes still count
@@ -378,7 +379,7 @@ class Core:
             self.protocol.enter(previous, self.members, now)
         self._rescale(self.on_switch.optimizer_state if old.name != new.name else "keep")
         if old.name != new.name:
-            self.switches.append(SwitchRecord(decided_at, new.name, self.observer.normal_step_s()))
+            self.switches.append(SwitchRecord(decided_at, new.name, observer.normal_step_s(self.recent)))
         before = old.model_dump()
         self._out.append(Record("switch" if old.name != new.name else "reconfigure", {
             "version": self.version, "reason": reason, "policy": policy, "lr_scale": self.lr_scale,
@@ -387,11 +388,10 @@ class Core:
 
     def _rescale(self, state: str = "keep") -> None:
         """Set the learning-rate scale and momentum for the protocol in force, absolutely (``rescale``)."""
-        o = self.observer
-        b = Batches(self.members.num_workers, dict(self.batches), o.mean_step_samples(), o.mean_update_samples())
-        scale = lr_scale(self.protocol, self.reference, self.on_switch, self.configured_momentum, b)
-        momentum = momentum_in_force(self.protocol, self.reference, self.on_switch, self.configured_momentum,
-                                     self.members.num_workers)
+        r = self.recent
+        b = Batches(self.members.num_workers, dict(self.batches), observer.mean(r.step_samples),
+                    observer.mean(r.update_samples))
+        scale, momentum = rescaled(self.protocol, self.reference, self.on_switch, self.configured_momentum, b)
         if math.isclose(scale, self.lr_scale, rel_tol=1e-12) and momentum == self.momentum and state == "keep":
             return
         self.lr_scale, self.momentum = scale, momentum

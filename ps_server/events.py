@@ -1,4 +1,4 @@
-"""What flows into the protocol core and what comes out of it: plain data, no I/O.
+"""What flows into the protocol core and what comes out of it: plain data, no behaviour, no I/O.
 
 A driver (the gRPC service, a test, the simulator) hands the core events such
 as a ``Push`` with the time it happened, and executes the actions it gets
@@ -44,11 +44,6 @@ class StepReport:
     send_s: float = 0.0
     wait_s: float = 0.0
 
-    @property
-    def step_s(self) -> float:
-        """Compute, injected delay and communication, without the last reply's barrier wait."""
-        return self.compute_s + self.sleep_s + max(0.0, self.send_s - self.wait_s)
-
 
 @dataclass(eq=False)
 class Aggregate:
@@ -57,23 +52,62 @@ class Aggregate:
     started: float
     members: list[Push] = field(default_factory=list)
     grad: np.ndarray | None = None
+    samples: int = 0
 
-    def add(self, push: Push, recycle: Recycle) -> None:
-        """Take ``push`` in: its gradient joins the sum and its buffer, if not the sum's, is recycled."""
-        if self.grad is None:
-            self.grad = push.grad
-        else:
-            np.add(self.grad, push.grad, out=self.grad)
-            recycle(push.grad)
-        self.members.append(push)
 
-    @property
-    def workers(self) -> set[int]:
-        return {m.worker for m in self.members}
+@dataclass
+class Membership:
+    """Registered workers (with their shard sizes), the active ones, and the excluded ones.
 
-    @property
-    def samples(self) -> int:
-        return sum(m.samples for m in self.members)
+    A worker is inactive after missing a deadline, until its next push; an excluded worker (elastic)
+    still pushes, but a round does not wait for it.
+    """
+
+    num_workers: int
+    registered: dict[int, int] = field(default_factory=dict)
+    active: set[int] = field(default_factory=set)
+    excluded: set[int] = field(default_factory=set)
+    last_seen: dict[int, float] = field(default_factory=dict)
+    """When each worker last registered or pushed (an SSP laggard's deadline counts from it)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A work order's budget: samples, a time limit (0: none) and the micro-batch."""
+
+    samples: int
+    time_s: float
+    micro_batch: int
+
+
+@dataclass(frozen=True)
+class Batches:
+    """What an effective batch depends on besides the protocol."""
+
+    num_workers: int
+    per_worker: dict[int, int]
+    """Per-worker sample budgets a policy set (dynamic batching); others use the protocol's batch."""
+    step_samples: float | None = None
+    """Measured mean samples per worker-step, if any (AMB does whatever fits in T)."""
+    update_samples: float | None = None
+    """Measured mean samples per update, if any (a window holds whatever arrived)."""
+
+
+@dataclass
+class Update:
+    """An aggregate to apply, with the factor on its learning rate (staleness damping)."""
+
+    aggregate: Aggregate
+    lr_factor: float = 1.0
+
+
+@dataclass
+class Effect:
+    apply: list[Update] = field(default_factory=list)
+    release: list[Push] = field(default_factory=list)
+    hold: bool = False
+    drop: str = ""
+    deactivate: list[tuple[int, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -163,3 +197,34 @@ def invalid(reason: str, message: str) -> Rejected:
 
 def precondition(reason: str, message: str) -> Rejected:
     return Rejected("FAILED_PRECONDITION", reason, message)
+
+
+# ---- checkpoint data: plain dicts of the state above (times as given) ---------------------------------
+
+
+def membership_state(m: Membership) -> dict[str, Any]:
+    return {"registered": {str(w): n for w, n in m.registered.items()}, "active": sorted(m.active),
+            "excluded": sorted(m.excluded)}
+
+
+def load_membership(m: Membership, d: dict[str, Any], now: float) -> None:
+    m.registered = {int(w): int(n) for w, n in d["registered"].items()}
+    m.active, m.excluded = set(d["active"]), set(d["excluded"])
+    m.last_seen = dict.fromkeys(m.registered, now)
+
+
+def aggregate_state(a: Aggregate | None) -> dict[str, Any] | None:
+    if a is None:
+        return None
+    return {"started": a.started, "grad": a.grad,
+            "members": [{"worker": p.worker, "base_version": p.base_version, "samples": p.samples,
+                         "loss_sum": p.loss_sum, "staleness": p.staleness} for p in a.members]}
+
+
+def aggregate_from(d: dict[str, Any] | None) -> Aggregate | None:
+    """An aggregate restored from a checkpoint: its pushes' replies were lost with the process (id -1)."""
+    if d is None:
+        return None
+    members = [Push(-1, m["worker"], m["base_version"], m["samples"], d["grad"], m["loss_sum"], d["started"],
+                    m["staleness"]) for m in d["members"]]
+    return Aggregate(started=d["started"], members=members, grad=d["grad"], samples=sum(m.samples for m in members))

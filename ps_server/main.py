@@ -39,7 +39,7 @@ def build_ps(cfg: RunConfig, run_dir: Path) -> ParameterServer:
     core = Core(cfg.protocol, cfg.train, cfg.cluster.num_workers, startup_timeout_s=cfg.cluster.startup_timeout_s,
                 on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),
                 policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window,
-                recycle=lambda buffer: store.buffers.put(buffer))
+                recycle=store.recycle)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
     return ParameterServer(core, store, RunRecorder(run_dir, trace=cfg.stragglers.active), link,
                            cfg.runtime.receive_timeout_s, int(cfg.runtime.max_model_mb * 2**20))

@@ -19,11 +19,13 @@ release, and when:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
-from switchps.ps_server.events import Aggregate, Push, Recycle
-from switchps.ps_server.membership import Membership
+import numpy as np
+
+from switchps.ps_server.events import (
+    Aggregate, Batches, Budget, Effect, Membership, Push, Recycle, Update, aggregate_from, aggregate_state,
+)
 
 
 class Settings(Protocol):
@@ -43,46 +45,29 @@ class Settings(Protocol):
     excluded_pushes: Literal["join", "drop"]
 
 
-@dataclass(frozen=True)
-class Budget:
-    """A work order's budget: samples, a time limit (0: none) and the micro-batch."""
-
-    samples: int
-    time_s: float
-    micro_batch: int
+def required(m: Membership) -> set[int]:
+    """The workers a round waits for."""
+    return m.active - m.excluded
 
 
-@dataclass(frozen=True)
-class Batches:
-    """What an effective batch depends on besides the protocol."""
-
-    num_workers: int
-    per_worker: dict[int, int]
-    """Per-worker sample budgets a policy set (dynamic batching); others use the protocol's batch."""
-    step_samples: float | None = None
-    """Measured mean samples per worker-step, if any (AMB does whatever fits in T)."""
-    update_samples: float | None = None
-    """Measured mean samples per update, if any (a window holds whatever arrived)."""
-
-    def of(self, batch: int) -> list[float]:
-        return [float(self.per_worker.get(w, batch)) for w in range(self.num_workers)]
+def join(a: Aggregate, p: Push, recycle: Recycle) -> None:
+    """Take ``p`` into ``a``: its gradient joins the sum, and its buffer, if not the sum's, is recycled."""
+    if a.grad is None:
+        a.grad = p.grad
+    else:
+        np.add(a.grad, p.grad, out=a.grad)
+        recycle(p.grad)
+    a.members.append(p)
+    a.samples += p.samples
 
 
-@dataclass
-class Update:
-    """An aggregate to apply, with the factor on its learning rate (staleness damping)."""
-
-    aggregate: Aggregate
-    lr_factor: float = 1.0
+def per_worker(b: Batches, batch: int) -> list[float]:
+    """Each worker's sample budget: a policy's, else the protocol's batch."""
+    return [float(b.per_worker.get(w, batch)) for w in range(b.num_workers)]
 
 
-@dataclass
-class Effect:
-    apply: list[Update] = field(default_factory=list)
-    release: list[Push] = field(default_factory=list)
-    hold: bool = False
-    drop: str = ""
-    deactivate: list[tuple[int, str]] = field(default_factory=list)
+def workers(a: Aggregate) -> set[int]:
+    return {m.worker for m in a.members}
 
 
 class SyncProtocol(ABC):
@@ -98,6 +83,11 @@ class SyncProtocol(ABC):
     @property
     def name(self) -> str:
         return self.s.name
+
+    @property
+    def measures_batch(self) -> bool:
+        """The effective batch is what was measured, so the learning rate follows it update by update."""
+        return False
 
     def budget(self, worker: int, batches: dict[int, int]) -> Budget:
         samples = batches.get(worker, self.s.batch)
@@ -153,6 +143,10 @@ class Rounds(SyncProtocol):
         """AMB's T; 0 for BSP and FMB, which end a step by samples alone."""
         return (self.s.time_budget_s or 0.0) if self.s.name == "amb" else 0.0
 
+    @property
+    def measures_batch(self) -> bool:
+        return bool(self.time_budget_s)
+
     def budget(self, worker: int, batches: dict[int, int]) -> Budget:
         if not self.time_budget_s:
             return super().budget(worker, batches)
@@ -170,16 +164,16 @@ class Rounds(SyncProtocol):
         if p.staleness and not joins:
             return Effect(drop="excluded_stale" if excluded else "backup" if self.s.backup_workers else "late")
         r = self.round = self.round or Aggregate(started=p.arrived)
-        if p.worker in r.workers:
+        if p.worker in workers(r):
             return Effect(drop="duplicate")
-        r.add(p, self.recycle)
+        join(r, p, self.recycle)
         effect = self._complete_if_ready(m)
         effect.hold = p not in effect.release
         return effect
 
     def _complete_if_ready(self, m: Membership) -> Effect:
-        r, required = self.round, m.required()
-        if r is None or len(r.workers & required) < max(1, len(required) - self.s.backup_workers):
+        r, barrier = self.round, required(m)
+        if r is None or len(workers(r) & barrier) < max(1, len(barrier) - self.s.backup_workers):
             return Effect()
         return self._complete()
 
@@ -203,26 +197,26 @@ class Rounds(SyncProtocol):
         r = self.round
         if r is None or now < r.started + self.s.deadline_s:
             return Effect()
-        missing = sorted(m.required() - r.workers)
+        missing = sorted(required(m) - workers(r))
         effect = self._complete()
         effect.deactivate = [(w, "bsp_deadline") for w in missing]
         return effect
 
     def effective_batch(self, b: Batches) -> float:
         measured = b.step_samples if self.time_budget_s else None
-        per = [measured] * b.num_workers if measured is not None else b.of(self.s.batch)
+        per = [measured] * b.num_workers if measured is not None else per_worker(b, self.s.batch)
         return sum(per) * (b.num_workers - self.s.backup_workers) / b.num_workers
 
     def state_dict(self) -> dict[str, Any]:
-        return {"joins": sorted(self.joins), "round": _aggregate_state(self.round)}
+        return {"joins": sorted(self.joins), "round": aggregate_state(self.round)}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.joins, self.round = set(d["joins"]), _aggregate_from(d["round"])
+        self.joins, self.round = set(d["joins"]), aggregate_from(d["round"])
 
 
 def _damped(s: Settings, p: Push) -> Update:
     """A single push as an update, with lr / (1 + staleness) if ``staleness_lr``."""
-    return Update(Aggregate(started=p.arrived, members=[p], grad=p.grad),
+    return Update(Aggregate(started=p.arrived, members=[p], grad=p.grad, samples=p.samples),
                   1.0 / (1 + p.staleness) if s.staleness_lr else 1.0)
 
 
@@ -234,7 +228,7 @@ class OnArrival(SyncProtocol):
         return Effect(apply=[_damped(self.s, p)], release=[p])
 
     def effective_batch(self, b: Batches) -> float:
-        per = b.of(self.s.batch)
+        per = per_worker(b, self.s.batch)
         return sum(per) / len(per)
 
 
@@ -296,7 +290,7 @@ class Bounded(SyncProtocol):
         return Effect(deactivate=[(w, "ssp_deadline") for w in late])
 
     def effective_batch(self, b: Batches) -> float:
-        per = b.of(self.s.batch)
+        per = per_worker(b, self.s.batch)
         return sum(per) / len(per)
 
     def state_dict(self) -> dict[str, Any]:
@@ -317,7 +311,7 @@ class _Accumulating(SyncProtocol):
 
     def _take(self, p: Push) -> Aggregate:
         acc = self.acc = self.acc or Aggregate(started=p.arrived)
-        acc.add(p, self.recycle)
+        join(acc, p, self.recycle)
         return acc
 
     def _flush(self) -> list[Update]:
@@ -328,10 +322,10 @@ class _Accumulating(SyncProtocol):
         return Effect(apply=self._flush())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"acc": _aggregate_state(self.acc)}
+        return {"acc": aggregate_state(self.acc)}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.acc = _aggregate_from(d["acc"])
+        self.acc = aggregate_from(d["acc"])
 
 
 class EveryK(_Accumulating):
@@ -345,7 +339,7 @@ class EveryK(_Accumulating):
         return Effect(apply=self._flush() if full else [], release=[p])
 
     def effective_batch(self, b: Batches) -> float:
-        per = b.of(self.s.batch)
+        per = per_worker(b, self.s.batch)
         return (self.s.k or b.num_workers) * sum(per) / len(per)
 
 
@@ -380,10 +374,14 @@ class Windowed(_Accumulating):
         self.window_end = now + self.window_s if updates else None
         return Effect(apply=updates)
 
+    @property
+    def measures_batch(self) -> bool:
+        return True
+
     def effective_batch(self, b: Batches) -> float:
         if b.update_samples is not None:
             return b.update_samples
-        per = b.of(self.s.batch)
+        per = per_worker(b, self.s.batch)
         return sum(per) / len(per)
 
 
@@ -394,20 +392,3 @@ PROTOCOLS: dict[str, type[SyncProtocol]] = {n: cls for cls in (Rounds, OnArrival
 
 def make_protocol(s: Settings, recycle: Recycle) -> SyncProtocol:
     return PROTOCOLS[s.name](s, recycle)
-
-
-def _aggregate_state(a: Aggregate | None) -> dict[str, Any] | None:
-    if a is None:
-        return None
-    return {"started": a.started, "grad": a.grad,
-            "members": [{"worker": p.worker, "base_version": p.base_version, "samples": p.samples,
-                         "loss_sum": p.loss_sum, "staleness": p.staleness} for p in a.members]}
-
-
-def _aggregate_from(d: dict[str, Any] | None) -> Aggregate | None:
-    """An aggregate restored from a checkpoint: its pushes' replies were lost with the process (id -1)."""
-    if d is None:
-        return None
-    members = [Push(-1, m["worker"], m["base_version"], m["samples"], d["grad"], m["loss_sum"], d["started"],
-                    m["staleness"]) for m in d["members"]]
-    return Aggregate(started=d["started"], members=members, grad=d["grad"])

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from switchps.jsonfile import dumps, write_json
+from switchps.protos import switchps_pb2 as pb
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
               "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s")
@@ -119,9 +120,23 @@ class RunRecorder:
     def _rel(self, mono: float) -> float:
         return round(mono - (self.t0 if self.t0 is not None else self._created), 6)
 
-    def update(self, **row: Any) -> None:
+    def update(self, row: dict[str, Any], lr: float) -> None:
+        """One applied update (called by the applier once it knows the rate it applied)."""
+        row = {**row, "time_s": self.now(), "lr": lr}
         with self._lock:
             self.ps.rows.append(tuple(_fmt(row.get(c)) for c in PS_COLUMNS))
+
+    def step(self, worker: int, base_version: int, samples: int, stats: pb.StepStats) -> None:
+        """One worker step, as its push reported it: a workers.csv row, and the straggler plan if traced."""
+        now = self.now()
+        self.worker_step(time_s=now, worker=worker, step=stats.step, base_version=base_version, samples=samples,
+                         compute_s=stats.compute_s, send_s=stats.send_s, wait_s=stats.wait_s,
+                         sleep_s=stats.sleep_s, loss=stats.loss_sum / samples)
+        if self.trace is not None:
+            self.straggler(time_s=now, worker=worker, step=stats.step, sleep_s=stats.delay_sleep_s,
+                           factor=stats.delay_factor or 1.0, comm_s=stats.delay_comm_s)
+        if stats.batch_exhausted:
+            self.count("batch_exhausted")
 
     def worker_step(self, **row: Any) -> None:
         with self._lock:

@@ -47,6 +47,13 @@ def lr_scale(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSp
     return scale * (1.0 - mu) / (1.0 - configured_momentum) if mu != configured_momentum else scale
 
 
+def rescaled(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured_momentum: float,
+             b: Batches) -> tuple[float, float]:
+    """The learning-rate scale and the momentum in force under ``current``."""
+    mu = momentum_in_force(current, reference, on_switch, configured_momentum, b.num_workers)
+    return lr_scale(current, reference, on_switch, configured_momentum, b), mu
+
+
 def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,
                      momentum: float | None) -> None:
     """Put a scale and momentum in force, and keep, reset or scale the optimizer's state. Runs on the

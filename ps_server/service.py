@@ -32,14 +32,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
 import numpy as np
 from prometheus_client import Counter, Gauge
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import FrameError, PayloadWriter, aencode
+from switchps.protos.codec import FrameError, PayloadWriter, aencode, decode_header, encode
 from switchps.protos.layout import layout_size
 from switchps.ps_server.core import Core
 from switchps.ps_server.events import (
@@ -51,12 +51,13 @@ from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.optimizers import Optimizer
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.rescale import adjust_optimizer
-from switchps.ps_server.validate import check_eval, check_layout, check_push_header, decode
+from switchps.ps_server.validate import check_eval, check_layout
 
 SERVICE = "switchps.ParameterServer"
 PUSHES = Counter("switchps_pushes", "Pushes by outcome", ["outcome"])
 VERSION = Gauge("switchps_model_version", "Current model version")
 log = logging.getLogger("switchps.ps")
+H = TypeVar("H", pb.InitHeader, pb.PushHeader, pb.PullRequest)
 
 
 class ParameterServer:
@@ -107,7 +108,7 @@ class ParameterServer:
                    b_mean=sum(b) / len(b), b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s or None)
         assert agg.grad is not None
         snap = self.store.submit(agg.grad, agg.samples, len(agg.members), a.lr_factor,
-                                 on_applied=lambda lr: self.rec.update(time_s=self.rec.now(), lr=lr, **row))
+                                 on_applied=partial(self.rec.update, row))
         assert snap.version == a.version, "the store and the core count versions alike"
         VERSION.set(a.version)
 
@@ -196,8 +197,7 @@ class ParameterServer:
         self.store.initialize(layout, values)
         self.rec.event("model_initialized", worker=worker, parameters=int(values.size))
         self._execute(self.core.initialized_at(self.clock()))
-        async for frame in aencode(pb.InitReply(order=_order(self.core.work_order())), _no_chunks(), 0):
-            yield frame
+        yield next(encode(pb.InitReply(order=_order(self.core.work_order()))))
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
         frames = self._frames(ctx)
@@ -253,7 +253,7 @@ class ParameterServer:
         if self.link is not None:
             await self.link.inbound.transfer(self.store.nbytes)
             p.arrived = self.clock()  # the PS has the gradient only once it has crossed the link
-        self._record_step(p, stats)
+        self.rec.step(p.worker, p.base_version, p.samples, stats)
         released = self._held[p.id] = asyncio.get_running_loop().create_future()
         self._execute(self.core.push(p, StepReport(stats.compute_s, stats.sleep_s, stats.send_s, stats.wait_s),
                                      p.arrived))
@@ -269,8 +269,11 @@ class ParameterServer:
                             stream: bool) -> tuple[Push, pb.StepStats]:
         """Validate a push and read it to the end of its stream; the core sees it only if this returns."""
         h, first = decode(await _first(frames), pb.PushHeader)
-        check_push_header(h, self.store.layout if self.store.initialized else None, self.store.nbytes)
-        self.core.check_push(h.worker, h.samples, h.base_version)
+        self.store.check(h.layout_digest, h.nbytes)
+        s = h.stats
+        self.core.check_push(h.worker, h.samples, h.base_version, (
+            s.step, s.compute_s, s.send_s, s.wait_s, s.sleep_s, s.delay_sleep_s, s.delay_comm_s, s.delay_factor,
+            abs(s.loss_sum)))
         grad = self.store.buffers.get()
         try:
             if not await _fill(PayloadWriter(grad, check_finite=True), first, frames, ctx, stream):
@@ -281,17 +284,6 @@ class ParameterServer:
         return Push(next(self._ids), h.worker, h.base_version, h.samples, grad, h.stats.loss_sum,
                     self.clock()), h.stats
 
-    def _record_step(self, p: Push, stats: pb.StepStats) -> None:
-        now = self.rec.now()
-        self.rec.worker_step(time_s=now, worker=p.worker, step=stats.step, base_version=p.base_version,
-                             samples=p.samples, compute_s=stats.compute_s, send_s=stats.send_s,
-                             wait_s=stats.wait_s, sleep_s=stats.sleep_s, loss=stats.loss_sum / p.samples)
-        if self.rec.trace is not None:
-            self.rec.straggler(time_s=now, worker=p.worker, step=stats.step, sleep_s=stats.delay_sleep_s,
-                               factor=stats.delay_factor or 1.0, comm_s=stats.delay_comm_s)
-        if stats.batch_exhausted:
-            self.rec.count("batch_exhausted")
-
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None,
                     worker: int) -> AsyncIterator[bytes]:
         """Reply frames: the header, then the version's values (none to a worker told to stop)."""
@@ -301,8 +293,7 @@ class ParameterServer:
                 self.all_told_stop.set()
             snapshot = None
         if snapshot is None:
-            async for frame in aencode(reply, _no_chunks(), 0):
-                yield frame
+            yield next(encode(reply))
             return
         if self.link is not None and worker >= 0:
             await self.link.outbound.transfer(snapshot.nbytes)
@@ -360,6 +351,14 @@ def _order(o: WorkOrder) -> pb.WorkOrder:
                         time_budget_s=o.time_budget_s, micro_batch=o.micro_batch, stop=o.stop)
 
 
+def decode(frame0: bytes, header_type: type[H]) -> tuple[H, memoryview]:
+    """Frame 0's header and inline payload; a malformed frame is rejected."""
+    try:
+        return decode_header(frame0, header_type)
+    except FrameError as e:
+        raise invalid("malformed", str(e)) from None
+
+
 async def _first(frames: AsyncIterator[bytes]) -> bytes:
     try:
         return await anext(frames)
@@ -395,7 +394,3 @@ async def _fill(writer: PayloadWriter, first: memoryview, frames: AsyncIterator[
 async def _one(frame: bytes) -> AsyncIterator[bytes]:
     yield frame
 
-
-async def _no_chunks() -> AsyncIterator[bytes]:
-    return
-    yield  # pragma: no cover - makes this an (empty) async generator

@@ -1,32 +1,20 @@
-"""Hostile input at the wire: frames, layouts, sizes and numbers, checked before anything else sees them.
+"""Hostile input in registrations and evaluation reports, checked before anything else sees them.
 
 Anyone who reaches the PS port may send anything a client written from
-``protos/switchps.proto`` can: truncated frames, wrong sizes, NaN and inf,
-forged layouts. These checks raise ``Rejected`` with the gRPC status name and
-the reason the run record counts it under; what a request means for training
-(unknown workers, sample budgets, versions) the core checks. Messages name
-what is wrong without echoing the PS's own state (never its layout digest).
+``protos/switchps.proto`` can. These checks raise ``Rejected`` with the gRPC
+status name and the reason the run record counts it under. A push is checked
+where its facts live: its frames by the service, its layout and size by the
+model store, its worker, budget, version and statistics by the core. Messages
+name what is wrong without echoing the PS's own state (never its layout digest).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TypeVar
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import FrameError, decode_header
 from switchps.protos.layout import layout_digest
 from switchps.ps_server.events import invalid, precondition
-
-H = TypeVar("H", pb.InitHeader, pb.PushHeader, pb.PullRequest)
-
-
-def decode(frame0: bytes, header_type: type[H]) -> tuple[H, memoryview]:
-    """Frame 0's header and inline payload; a malformed frame is rejected."""
-    try:
-        return decode_header(frame0, header_type)
-    except FrameError as e:
-        raise invalid("malformed", str(e)) from None
 
 
 def check_layout(layout: pb.Layout, max_model_bytes: int) -> None:
@@ -39,20 +27,6 @@ def check_layout(layout: pb.Layout, max_model_bytes: int) -> None:
     specs = [[(v.name, tuple(v.shape)) for v in vs] for vs in (layout.variables, layout.state)]
     if layout.digest != layout_digest(*specs):
         raise invalid("layout", "the layout's digest does not match its variables")
-
-
-def check_push_header(h: pb.PushHeader, layout: pb.Layout | None, nbytes: int) -> None:
-    """A push for the model's layout and size, with sane statistics."""
-    if layout is None:
-        raise precondition("not_initialized", "the model is not initialized")
-    if h.layout_digest != layout.digest:
-        raise precondition("layout", "the push's variable layout is not the model's")
-    if h.nbytes != nbytes:
-        raise invalid("size", f"payload declares {h.nbytes} bytes, the model has {nbytes}")
-    s = h.stats
-    durations = (s.compute_s, s.send_s, s.wait_s, s.sleep_s, s.delay_sleep_s, s.delay_comm_s, s.delay_factor)
-    if s.step < 0 or not all(math.isfinite(x) and x >= 0 for x in durations) or not math.isfinite(s.loss_sum):
-        raise invalid("stats", "step statistics must be finite, with durations and step >= 0")
 
 
 def check_eval(req: pb.EvalReport, version: int, done: bool) -> None:

@@ -188,8 +188,12 @@ def test_schedule_policy_switches_at_its_fraction_and_the_overhead_is_recorded()
 
 
 def test_a_normal_step_counts_communication_but_not_barrier_waits():
+    from switchps.ps_server.observer import normal_step_s
+
+    h = Harness(workers=2, protocol={"name": "asp"})
     # the push took 0.5 s to answer, 0.4 s of it waiting for the round: 0.1 s of communication
-    assert StepReport(compute_s=0.2, sleep_s=0.05, send_s=0.5, wait_s=0.4).step_s == pytest.approx(0.35)
+    h.push(0, 1.0, report=StepReport(compute_s=0.2, sleep_s=0.05, send_s=0.5, wait_s=0.4))
+    assert normal_step_s(h.core.recent) == pytest.approx(0.35)
 
 
 def test_state_dicts_restore_the_protocol_membership_and_policy():
