@@ -31,7 +31,7 @@ import numpy as np
 from switchps.jsonfile import dumps
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator
-from switchps.ps_server.model import make_layout
+from switchps.protos.layout import make_layout
 from switchps.worker.client import PSClient, wait_for_ps
 
 
@@ -60,14 +60,12 @@ def serve_ps(port: int) -> None:
     from pathlib import Path
 
     from switchps.config import parse_config
-    from switchps.ps_server.main import build_engine
+    from switchps.ps_server.main import build_ps
     from switchps.ps_server.server import Server
-    from switchps.ps_server.service import ParameterServer
 
     cfg = parse_config({"cluster": {"workers": 1}, "protocol": {"name": "asp"},
                         "optimizer": {"name": "sgd", "learning_rate": 1e-6}, "train": {"steps": 10**9}})
-    engine = build_engine(cfg, Path(tempfile.mkdtemp(prefix="switchps-bench-")))
-    server = Server(ParameterServer(engine, 1), f"127.0.0.1:{port}")
+    server = Server(build_ps(cfg, Path(tempfile.mkdtemp(prefix="switchps-bench-"))), f"127.0.0.1:{port}")
     threading.Event().wait()  # serve until killed
     server.stop()
 

@@ -1,8 +1,11 @@
-"""The policy interface: a stats snapshot in, an optional decision out.
+"""The policy interface: a frozen view of the cluster in, an optional decision out.
 
-The controller calls ``Policy.decide`` after every round under BSP/AMB/FMB and
-every ``every_k`` updates under ASP/SSP. A policy returns ``None`` (no change)
-or a ``Decision``; the controller applies it live, without a restart.
+The core calls ``Policy.decide`` after every update of a round-based protocol and
+every ``policy.every_k`` updates otherwise. A policy returns ``None`` (no change)
+or a ``Decision``, which the core applies itself, live, without a restart. The
+flow is one way: a policy never calls back into the PS. It gets its settings at
+construction, and whatever it keeps between calls is plain data that
+``state_dict`` returns, so a checkpoint can hold it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ class WorkerStats:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class ClusterView:
+    """What a policy sees when it is consulted."""
+
     version: int
     time_s: float                      # since training start
     progress: float                    # fraction of the training length done, 0..1
@@ -45,7 +50,7 @@ class Decision:
     """What to change. Fields left as None/empty are left as they are."""
 
     reason: str
-    protocol: str | None = None                 # switch to bsp | asp | ssp | amb | fmb
+    protocol: str | None = None                 # switch to bsp | asp | ssp | amb | fmb | kasync | timed
     params: dict[str, Any] = field(default_factory=dict)   # protocol fields, e.g. {"staleness": 2}
     batches: dict[int, int] | None = None       # per-worker sample budgets
     time_budget_s: float | None = None          # AMB's T
@@ -54,13 +59,18 @@ class Decision:
 
 
 class Policy:
-    """Base class: subclasses set ``name`` and implement ``decide``."""
+    """Base class: subclasses set ``name`` and implement ``decide``; stateful ones extend ``state_dict``."""
 
     name: ClassVar[str] = "policy"
-    every_k: int = 10   # under ASP/SSP, consult the policy every k updates
 
-    def decide(self, s: Snapshot) -> Decision | None:
+    def decide(self, s: ClusterView) -> Decision | None:
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        pass
 
 
 def load_policy_class(path: str) -> type[Policy]:

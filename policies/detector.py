@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Any
 
 
 @dataclass
@@ -45,3 +46,12 @@ class StragglerDetector:
         self.stragglers |= detected
         self.stragglers -= recovered
         return detected, recovered
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stragglers": sorted(self.stragglers), "slow": {str(w): n for w, n in self._slow.items()},
+                "fast": {str(w): n for w, n in self._fast.items()}}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.stragglers = set(d["stragglers"])
+        self._slow = {int(w): n for w, n in d["slow"].items()}
+        self._fast = {int(w): n for w, n in d["fast"].items()}

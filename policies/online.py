@@ -7,16 +7,31 @@ stragglers with Anytime Mini-Batch, and DynamicBatching is Tyagi & Sharma's cont
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from statistics import median
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from switchps.policies.base import Decision, Policy, Snapshot
+from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.policies.detector import StragglerDetector
 
 
+class _Stateful(Policy):
+    """A dataclass policy whose state is its fields that are not settings (``init=False``)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        own = {f.name: getattr(self, f.name) for f in fields(self) if not f.init and f.name != "detector"}  # type: ignore[arg-type]
+        return {**own, **({"detector": self.detector.state_dict()} if hasattr(self, "detector") else {})}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        for key, value in d.items():
+            if key == "detector":
+                getattr(self, "detector").load_state_dict(value)
+            else:
+                setattr(self, key, value)
+
+
 @dataclass(kw_only=True)
-class _Detecting(Policy):
+class _Detecting(_Stateful):
     """A policy that watches for stragglers with a ``StragglerDetector(threshold, patience)``."""
 
     threshold: float = 1.5
@@ -26,7 +41,7 @@ class _Detecting(Policy):
     def __post_init__(self) -> None:
         self.detector = StragglerDetector(self.threshold, self.patience)
 
-    def observe(self, s: Snapshot) -> tuple[set[int], set[int]]:
+    def observe(self, s: ClusterView) -> tuple[set[int], set[int]]:
         """Feed each worker's recent step time to the detector."""
         return self.detector.observe({w: ws.step_time_s for w, ws in s.workers.items()})
 
@@ -53,7 +68,7 @@ class Greedy(_Detecting):
         if self.async_protocol not in ("asp", "ssp"):
             raise ValueError(f"async_protocol must be asp or ssp, got {self.async_protocol!r}")
 
-    def decide(self, s: Snapshot) -> Decision | None:
+    def decide(self, s: ClusterView) -> Decision | None:
         if s.protocol == "bsp":   # decisions apply at once, so s.protocol ran since the last call
             self._bsp_done += max(0.0, s.progress - self._last_progress)
         self._last_progress = s.progress
@@ -77,7 +92,7 @@ class Elastic(_Detecting):
 
     name: ClassVar[str] = "elastic"
 
-    def decide(self, s: Snapshot) -> Decision | None:
+    def decide(self, s: ClusterView) -> Decision | None:
         self.observe(s)
         slow = self.detector.stragglers
         readmit = s.excluded - slow
@@ -114,11 +129,11 @@ class Anytime(_Detecting):
         if self.factor <= 0:
             raise ValueError(f"factor must be > 0, got {self.factor}")
 
-    def observe(self, s: Snapshot) -> tuple[set[int], set[int]]:
+    def observe(self, s: ClusterView) -> tuple[set[int], set[int]]:
         per_sample = {w: ws.step_time_s / ws.samples for w, ws in s.workers.items() if ws.samples > 0}
         return self.detector.observe(per_sample)
 
-    def decide(self, s: Snapshot) -> Decision | None:
+    def decide(self, s: ClusterView) -> Decision | None:
         self.observe(s)
         slow = self.detector.stragglers
         if slow and s.protocol in ("bsp", "fmb"):
@@ -138,7 +153,7 @@ class Anytime(_Detecting):
 
 
 @dataclass(kw_only=True)
-class DynamicBatching(Policy):
+class DynamicBatching(_Stateful):
     """Tyagi & Sharma's dynamic batching: per-worker batches proportional to measured throughput.
 
     Every ``every_rounds`` calls, b_i <- B x thr_i / sum(thr) over the workers with stats, their
@@ -157,7 +172,7 @@ class DynamicBatching(Policy):
         if self.every_rounds < 1 or self.deadband < 0 or not 1 <= self.min_batch <= self.max_batch:
             raise ValueError("need every_rounds >= 1, deadband >= 0 and 1 <= min_batch <= max_batch")
 
-    def decide(self, s: Snapshot) -> Decision | None:
+    def decide(self, s: ClusterView) -> Decision | None:
         self._calls += 1
         if self._calls % self.every_rounds or s.protocol == "amb":
             return None

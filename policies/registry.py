@@ -24,12 +24,10 @@ def policy_class(name: str) -> type[Policy]:
     return load_policy_class(BUILTIN.get(name, name))
 
 
-def make_policy(name: str, kwargs: dict[str, Any], every_k: int = 10) -> Policy:
-    """Build a policy; bad names or arguments raise ValueError naming them."""
+def make_policy(name: str, kwargs: dict[str, Any]) -> Policy:
+    """Build a policy from its settings; bad names or arguments raise ValueError naming them."""
     cls = policy_class(name)
     try:
-        policy = cls(**kwargs)
+        return cls(**kwargs)
     except TypeError as e:
         raise ValueError(f"{name}: {e}") from None
-    policy.every_k = every_k
-    return policy

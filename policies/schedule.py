@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from switchps.policies.base import Decision, Policy, Snapshot
+from switchps.policies.base import Decision, Policy, ClusterView
 
 SWITCH_ORDER_DIGITS = {"1": "bsp", "0": "asp"}  # Sync-Switch's --switch-order notation
 
@@ -37,7 +37,7 @@ class Schedule(Policy):
             raise ValueError("phase fractions add up to more than 1")
         self.unit = unit
 
-    def phase(self, s: Snapshot) -> int:
+    def phase(self, s: ClusterView) -> int:
         at = {"fraction": s.progress, "steps": s.version, "epochs": s.epoch}[self.unit]
         end = 0.0
         for i, (_, length) in enumerate(self.phases):
@@ -46,7 +46,7 @@ class Schedule(Policy):
                 return i
         return len(self.phases) - 1
 
-    def decide(self, s: Snapshot) -> Decision | None:
+    def decide(self, s: ClusterView) -> Decision | None:
         i = self.phase(s)
         protocol = self.phases[i][0]
         if protocol == s.protocol:

@@ -116,6 +116,20 @@ class PushReply(_message.Message):
     nbytes: int
     def __init__(self, order: _Optional[_Union[WorkOrder, _Mapping]] = ..., applied: _Optional[bool] = ..., note: _Optional[str] = ..., staleness: _Optional[int] = ..., wait_s: _Optional[float] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
+class PullReply(_message.Message):
+    __slots__ = ("order", "nbytes")
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    order: WorkOrder
+    nbytes: int
+    def __init__(self, order: _Optional[_Union[WorkOrder, _Mapping]] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class InitReply(_message.Message):
+    __slots__ = ("order",)
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    order: WorkOrder
+    def __init__(self, order: _Optional[_Union[WorkOrder, _Mapping]] = ...) -> None: ...
+
 class PullRequest(_message.Message):
     __slots__ = ("worker", "have_version", "wait_initialized")
     WORKER_FIELD_NUMBER: _ClassVar[int]

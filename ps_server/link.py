@@ -13,8 +13,8 @@ with parameters the outbound one.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -25,7 +25,9 @@ class Link:
     Bookkeeping is in "virtual bytes": ``_sent`` is what each transfer in flight
     has received so far, and a transfer admitted at ``_sent = v`` with ``n``
     bytes finishes when ``_sent`` reaches ``v + n``. With k transfers in flight,
-    ``_sent`` grows at rate / k.
+    ``_sent`` grows at rate / k. The arithmetic takes time as an argument; only
+    ``transfer`` reads the clock and waits, on the event loop of the PS's service
+    (one loop, so no lock).
     """
 
     def __init__(self, bytes_per_s: float) -> None:
@@ -37,7 +39,7 @@ class Link:
         self._at = 0.0          # when _sent was last brought up to date
         self._finish: dict[int, float] = {}  # transfer -> _sent at which it is done
         self._ids = itertools.count()
-        self._cond = threading.Condition()
+        self._waiters: list[asyncio.Future[None]] = []
 
     def admit(self, nbytes: int, now: float) -> int:
         """Start a transfer at ``now``; returns its key (call with the lock held, or single-threaded)."""
@@ -77,15 +79,31 @@ class Link:
             sent = f
         return t
 
-    def transfer(self, nbytes: int) -> None:
-        """Block until ``nbytes`` have crossed, sharing the link with the transfers in flight."""
+    async def transfer(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` have crossed, sharing the link with the transfers in flight.
+
+        Every admission and completion changes everyone's finish time, so each one wakes the
+        waiters to recompute theirs.
+        """
         start = time.monotonic()
-        with self._cond:
-            key = self.admit(nbytes, start)
-            while not self.done(key):
-                self._cond.wait(max(0.0, self.finish_time(key) - time.monotonic()))
-                self.advance(time.monotonic())
-            self.delay_s += max(0.0, time.monotonic() - start - nbytes / self.rate)
+        key = self.admit(nbytes, start)
+        self._wake()
+        while not self.done(key):
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, max(0.0, self.finish_time(key) - time.monotonic()))
+            except asyncio.TimeoutError:
+                pass
+            self.advance(time.monotonic())
+        self._wake()
+        self.delay_s += max(0.0, time.monotonic() - start - nbytes / self.rate)
+
+    def _wake(self) -> None:
+        for w in self._waiters:
+            if not w.done():
+                w.set_result(None)
+        self._waiters = []
 
 
 @dataclass

@@ -4,60 +4,37 @@ Values live in one contiguous float32 vector; the layout maps it back to
 named variables: the trainable parameters first, which the optimizer
 updates, then the non-trainable state (BatchNorm moving statistics), which
 each update replaces with the mean of its contributors' values (the round's
-workers under BSP, the one pusher under ASP). One applier thread is the only writer. ``submit`` reserves
-the next version at once and queues the update; while the optimizer works
-through the vector block by block, the new version's wire chunks are
-published one by one, so replies start streaming before the apply has
-finished. Every reader of a version shares its one ``Snapshot``, and no lock
-is held while parameters stream out.
+workers under BSP, the one pusher under ASP). ``submit`` reserves the next
+version at once and queues the update; while the optimizer works through the
+vector block by block, the new version's wire chunks are published one by one,
+so replies start streaming before the apply has finished. Every reader of a
+version shares its one ``Snapshot``, and no lock is held while parameters
+stream out.
+
+Concurrency: one applier thread is the only writer of ``values`` and the
+optimizer. ``ModelStore.lock`` guards ``version`` and the latest snapshot;
+each ``Snapshot`` has one condition, "chunk published", and ``_idle`` is the
+condition "no update queued". No two of these locks are ever held together.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import math
 import queue
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterator, Sequence
+from typing import AsyncIterator, Callable, Iterator
 
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES
+from switchps.protos.layout import trainable_size
+from switchps.ps_server.events import invalid, precondition
 from switchps.ps_server.optimizers import Optimizer
 
 log = logging.getLogger("switchps.ps")
-
-
-Specs = Sequence[tuple[str, tuple[int, ...]]]
-
-
-def layout_digest(variables: Specs, state: Specs = ()) -> str:
-    text = ";".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in variables)
-    if state:
-        text += "|" + ";".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in state)
-    return hashlib.sha1(text.encode()).hexdigest()
-
-
-def make_layout(variables: Specs, state: Specs = ()) -> pb.Layout:
-    """The wire layout of trainable ``variables`` followed by non-trainable ``state``."""
-    return pb.Layout(
-        variables=[pb.Variable(name=n, shape=list(s)) for n, s in variables],
-        state=[pb.Variable(name=n, shape=list(s)) for n, s in state],
-        digest=layout_digest(variables, state),
-    )
-
-
-def trainable_size(layout: pb.Layout) -> int:
-    return sum(math.prod(v.shape) for v in layout.variables)
-
-
-def layout_size(layout: pb.Layout) -> int:
-    """Elements of the whole vector: trainable parameters and non-trainable state."""
-    return trainable_size(layout) + sum(math.prod(v.shape) for v in layout.state)
 
 
 class BufferPool:
@@ -140,8 +117,9 @@ class Snapshot:
         """The chunks in order, blocking for any not yet published."""
         for i in range(self._total):
             with self._cond:
-                while (chunk := self._ready(i)) is None:
-                    self._cond.wait()
+                self._cond.wait_for(lambda: i < len(self._chunks) or self._failed is not None)
+                chunk = self._ready(i)
+            assert chunk is not None
             yield chunk
 
     async def achunks(self) -> AsyncIterator[bytes]:
@@ -229,6 +207,19 @@ class ModelStore:
         self._enqueue(_Update(grad_sum, samples, contributors, lr_factor, snap, on_applied))
         return snap
 
+    def check(self, digest: str, nbytes: int) -> None:
+        """Raise ``Rejected`` unless a payload declares this model's layout and size."""
+        if not self.initialized:
+            raise precondition("not_initialized", "the model is not initialized")
+        if digest != self.layout.digest:
+            raise precondition("layout", "the push's variable layout is not the model's")
+        if nbytes != self.nbytes:
+            raise invalid("size", f"payload declares {nbytes} bytes, the model has {self.nbytes}")
+
+    def recycle(self, buffer: np.ndarray) -> None:
+        """Give a gradient buffer back to the pool (the core's ``recycle``)."""
+        self.buffers.put(buffer)
+
     def control(self, change: Callable[[Optimizer], None]) -> None:
         """Change the optimizer (learning-rate scale, state) between the updates queued before and after."""
         self._enqueue(change)
@@ -269,11 +260,11 @@ class ModelStore:
         values, snap, n = self.values, u.snapshot, self.trainable
         per_chunk = snap.chunk_bytes // 4
         last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
-        lr = self.optimizer.apply(values[:n], u.grad[:n], u.lr_factor, grad_scale=1.0 / u.samples,
-                                  on_block=lambda end: snap.publish_until(values, min(end, last)))
+        for end in self.optimizer.steps(values[:n], u.grad[:n], u.lr_factor, grad_scale=1.0 / u.samples):
+            snap.publish_until(values, min(end, last))
         if n < values.size:
             np.multiply(u.grad[n:], np.float32(1.0 / u.contributors), out=values[n:])
         self.buffers.put(u.grad)
         if u.on_applied:
-            u.on_applied(lr)
+            u.on_applied(self.optimizer.last_lr)
         snap.publish_until(values, values.size)

@@ -12,12 +12,12 @@ used as scratch) stay in cache and no full-size temporary is allocated.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
 
-from switchps.ps_server.schedules import Schedule
+from switchps.ps_server.schedules import LRSchedule
 
 BLOCK = 131072
 """Elements per block (512 KiB per float32 array), read when an optimizer is created."""
@@ -44,7 +44,7 @@ class Optimizer:
     defaults: ClassVar[dict[str, float]]
     first_moments: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, size: int, schedule: Schedule, **hyper: float) -> None:
+    def __init__(self, size: int, schedule: LRSchedule, **hyper: float) -> None:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         for key in hyper:
@@ -59,6 +59,7 @@ class Optimizer:
         self._validate()
         self.iterations = 0
         self.lr_scale = 1.0
+        self.last_lr = 0.0
         self.state = {key: np.full(size, init, np.float32) for key, init in self._slots().items()}
         self._block = BLOCK
         self._scratch = np.empty(min(size, BLOCK), np.float32)
@@ -92,22 +93,28 @@ class Optimizer:
         raise NotImplementedError
 
     def learning_rate(self) -> float:
-        """``schedule(iterations) * lr_scale``."""
-        return float(self.schedule(self.iterations)) * self.lr_scale
+        """``schedule(iterations) * lr_scale`` (a constant schedule is its float)."""
+        s = self.schedule
+        return float(s(self.iterations) if callable(s) else s) * self.lr_scale
 
-    def apply(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0, grad_scale: float = 1.0,
-              on_block: Callable[[int], None] | None = None) -> float:
-        """Apply one update in place to ``params`` and return the effective learning rate.
+    def apply(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0, grad_scale: float = 1.0) -> float:
+        """Apply one update in place to ``params`` and return the effective learning rate (see ``steps``)."""
+        for _ in self.steps(params, grad, lr_factor, grad_scale):
+            pass
+        return self.last_lr
+
+    def steps(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0,
+              grad_scale: float = 1.0) -> Iterator[int]:
+        """Apply one update in place to ``params`` block by block, yielding the end of each block once
+        ``params[:end]`` holds its final values (a caller can publish finished parts meanwhile).
 
         ``params`` must be a C-contiguous 1-D float32 array of ``size`` elements.
         ``grad`` (the mean gradient, same shape) is OVERWRITTEN: it serves as
         scratch space; a non-float32 or non-contiguous ``grad`` is copied first.
-        The effective rate is ``learning_rate() * lr_factor`` (``lr_factor``
-        e.g. ``1 / (1 + staleness)``); ``iterations`` is incremented afterwards.
-        ``grad_scale`` multiplies the gradient block by block first, so a summed
-        gradient becomes a mean without a separate pass over memory. ``on_block(end)``
-        is called after ``params[:end]`` holds its final values, so a caller can
-        publish finished parts while the rest is still being updated.
+        The effective rate, ``learning_rate() * lr_factor`` (``lr_factor`` e.g.
+        ``1 / (1 + staleness)``), is kept as ``last_lr``; ``iterations`` is incremented
+        afterwards. ``grad_scale`` multiplies the gradient block by block first, so a
+        summed gradient becomes a mean without a separate pass over memory.
         """
         if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
             raise ValueError(
@@ -118,7 +125,7 @@ class Optimizer:
             raise ValueError(f"{self.name}: grad must have shape ({self.size},), got {grad.shape}")
         if grad.dtype != np.float32 or not grad.flags.c_contiguous or not grad.flags.writeable:
             grad = np.array(grad, dtype=np.float32)
-        lr = self.learning_rate() * lr_factor
+        self.last_lr = lr = self.learning_rate() * lr_factor
         step_size = self._step_size(_f32(lr))
         for start in range(0, self.size, self._block):
             block = slice(start, min(start + self._block, self.size))
@@ -126,10 +133,8 @@ class Optimizer:
             if grad_scale != 1.0:
                 np.multiply(grad[block], _f32(grad_scale), out=grad[block])
             self._update(params[block], grad[block], self._scratch[:n], step_size, block)
-            if on_block is not None:
-                on_block(block.stop)
+            yield block.stop
         self.iterations += 1
-        return lr
 
     def reset_state(self) -> None:
         """Reset every state array to its initial value; ``iterations`` is kept."""
@@ -323,7 +328,7 @@ def configured_momentum(name: str, hyper: dict[str, float]) -> float:
     return hyper.get("momentum", OPTIMIZERS[name].defaults.get("momentum", 0.0))
 
 
-def make_optimizer(name: str, size: int, schedule: Schedule, **hyper: float) -> Optimizer:
+def make_optimizer(name: str, size: int, schedule: LRSchedule, **hyper: float) -> Optimizer:
     """Instantiate ``OPTIMIZERS[name]``; unknown names or hyper-parameters raise ``ValueError``."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")

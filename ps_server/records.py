@@ -1,7 +1,9 @@
-"""The run record: CSV tables, an event log, counters and the summary.
+"""The run record: CSV tables, an event log, counters and the summary, and the straggler trace format.
 
 The PS is the only writer of a run directory. Rows are buffered and flushed
 by a background thread so that recording never blocks the push path on disk.
+``stragglers.csv`` holds each worker step's planned delays at full precision,
+so that ``load_trace`` gives a later run exactly the same ``StepDelays``.
 """
 
 from __future__ import annotations
@@ -15,14 +17,57 @@ from pathlib import Path
 from typing import Any
 
 from switchps.jsonfile import dumps, write_json
-from switchps.worker.stragglers import TRACE_COLUMNS
+from switchps.protos import switchps_pb2 as pb
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
               "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s")
 WORKER_COLUMNS = ("time_s", "worker", "step", "base_version", "samples", "compute_s", "send_s",
                   "wait_s", "sleep_s", "loss")
+TRACE_COLUMNS = ("worker", "step", "sleep_s", "factor", "comm_s")
 TRACE_FILE_COLUMNS = ("time_s", *TRACE_COLUMNS)
 EVAL_COLUMNS = ("time_s", "version", "test_loss", "test_accuracy")
+
+
+@dataclass(frozen=True)
+class StepDelays:
+    """What a worker does to itself during one step."""
+
+    sleep_s: float = 0.0
+    """Slept right after the work order arrives, before computing, inside the step's time budget."""
+    factor: float = 1.0
+    """Compute slowdown: after each micro-batch, sleep (factor - 1) x its measured compute time."""
+    comm_s: float = 0.0
+    """Slept just before the push (network latency)."""
+
+    @property
+    def none(self) -> bool:
+        """True when the step is not delayed at all."""
+        return self.sleep_s == 0.0 and self.factor == 1.0 and self.comm_s == 0.0
+
+
+
+def load_trace(path: str | Path) -> dict[tuple[int, int], StepDelays]:
+    """Read a stragglers.csv into {(worker, step): StepDelays}.
+
+    The header must contain ``TRACE_COLUMNS``; other columns (e.g. ``time_s``) are ignored.
+    If a (worker, step) appears twice, the last row wins.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"straggler trace not found: {path}")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+        out: dict[tuple[int, int], StepDelays] = {}
+        for line, row in enumerate(reader, start=2):
+            try:
+                key = (int(row["worker"]), int(row["step"]))
+                out[key] = StepDelays(float(row["sleep_s"]), float(row["factor"]), float(row["comm_s"]))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{line}: bad row ({e})") from None
+    return out
 
 
 @dataclass
@@ -75,9 +120,23 @@ class RunRecorder:
     def _rel(self, mono: float) -> float:
         return round(mono - (self.t0 if self.t0 is not None else self._created), 6)
 
-    def update(self, **row: Any) -> None:
+    def update(self, row: dict[str, Any], lr: float) -> None:
+        """One applied update (called by the applier once it knows the rate it applied)."""
+        row = {**row, "time_s": self.now(), "lr": lr}
         with self._lock:
             self.ps.rows.append(tuple(_fmt(row.get(c)) for c in PS_COLUMNS))
+
+    def step(self, worker: int, base_version: int, samples: int, stats: pb.StepStats) -> None:
+        """One worker step, as its push reported it: a workers.csv row, and the straggler plan if traced."""
+        now = self.now()
+        self.worker_step(time_s=now, worker=worker, step=stats.step, base_version=base_version, samples=samples,
+                         compute_s=stats.compute_s, send_s=stats.send_s, wait_s=stats.wait_s,
+                         sleep_s=stats.sleep_s, loss=stats.loss_sum / samples)
+        if self.trace is not None:
+            self.straggler(time_s=now, worker=worker, step=stats.step, sleep_s=stats.delay_sleep_s,
+                           factor=stats.delay_factor or 1.0, comm_s=stats.delay_comm_s)
+        if stats.batch_exhausted:
+            self.count("batch_exhausted")
 
     def worker_step(self, **row: Any) -> None:
         with self._lock:

@@ -2,46 +2,18 @@
 
 The configured protocol over all workers is the reference: it runs at the
 configured learning rate and momentum (scale 1). Under any other protocol the
-scale follows from that protocol's effective batch against the reference's,
-by the ``on_switch.lr`` rule, and from the momentum rule. Nothing depends on
-which switches came before or on who happened to be active at the time, so a
-round trip BSP -> ASP -> BSP lands exactly where it started however membership
-changed in between.
+scale follows from that protocol's effective batch (``SyncProtocol.effective_batch``)
+against the reference's, by the ``on_switch.lr`` rule, and from the momentum
+rule. Nothing depends on which switches came before or on who happened to be
+active at the time, so a round trip BSP -> ASP -> BSP lands exactly where it
+started however membership changed in between.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-
-from switchps.config import ProtocolSpec, SwitchSpec
+from switchps.config import SwitchSpec
 from switchps.ps_server.optimizers import Optimizer, asynchrony_momentum
-
-
-@dataclass(frozen=True)
-class Batches:
-    """What determines an effective batch besides the protocol."""
-
-    num_workers: int
-    per_worker: Mapping[int, int]
-    """Per-worker sample budgets set by a policy (dynamic batching); absent workers use the protocol's batch."""
-    amb_mean: float | None = None
-    """Measured mean samples per worker-step under AMB, if any have been measured."""
-
-
-def effective_batch(spec: ProtocolSpec, b: Batches) -> float:
-    """Samples per update: the round's sum for round-based protocols, one worker's step for asynchronous ones.
-
-    An AMB worker does whatever fits in T, so AMB uses the measured mean when there is one.
-    Backup workers leave ``backup_workers`` pushes out of each round.
-    """
-    if spec.name == "amb":
-        per = [b.amb_mean if b.amb_mean is not None else float(spec.batch)] * b.num_workers
-    else:
-        per = [float(b.per_worker.get(w, spec.batch)) for w in range(b.num_workers)]
-    if not spec.synchronous:
-        return sum(per) / len(per)
-    return sum(per) * (b.num_workers - spec.backup_workers) / b.num_workers
+from switchps.ps_server.protocols import Batches, SyncProtocol
 
 
 def lr_rule_factor(rule: str | float, ratio: float) -> float:
@@ -53,26 +25,33 @@ def lr_rule_factor(rule: str | float, ratio: float) -> float:
     return float(rule) if ratio > 1.0 else 1.0 / float(rule)
 
 
-def momentum_in_force(spec: ProtocolSpec, reference: ProtocolSpec, on_switch: SwitchSpec, configured: float,
+def momentum_in_force(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured: float,
                       num_workers: int) -> float:
-    """The explicit momentum under ``spec``: the configured one, lowered by the asynchrony rule when ``spec``
-    is asynchronous and the reference is not (the rule only ever lowers what the user configured)."""
-    if on_switch.momentum == "keep" or spec.synchronous or not reference.synchronous:
+    """The explicit momentum under ``current``: the configured one, lowered by the asynchrony rule when
+    ``current`` is asynchronous and the reference is not (the rule only ever lowers what was configured)."""
+    if on_switch.momentum == "keep" or not current.asynchronous or reference.asynchronous:
         return configured
     return asynchrony_momentum(configured, num_workers)
 
 
-def lr_scale(spec: ProtocolSpec, reference: ProtocolSpec, on_switch: SwitchSpec, configured_momentum: float,
+def lr_scale(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured_momentum: float,
              b: Batches) -> float:
-    """The multiplier on the configured learning rate while ``spec`` is in force.
+    """The multiplier on the configured learning rate while ``current`` is in force.
 
     The batch rule times (1 - momentum in force) / (1 - configured momentum), so that
     lr / (1 - momentum) is kept when the momentum rule lowers the momentum.
     """
-    ratio = effective_batch(spec, b) / effective_batch(reference, b)
+    ratio = current.effective_batch(b) / reference.effective_batch(b)
     scale = lr_rule_factor(on_switch.lr, ratio)
-    mu = momentum_in_force(spec, reference, on_switch, configured_momentum, b.num_workers)
+    mu = momentum_in_force(current, reference, on_switch, configured_momentum, b.num_workers)
     return scale * (1.0 - mu) / (1.0 - configured_momentum) if mu != configured_momentum else scale
+
+
+def rescaled(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured_momentum: float,
+             b: Batches) -> tuple[float, float]:
+    """The learning-rate scale and the momentum in force under ``current``."""
+    mu = momentum_in_force(current, reference, on_switch, configured_momentum, b.num_workers)
+    return lr_scale(current, reference, on_switch, configured_momentum, b), mu
 
 
 def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TypeVar
 
 import grpc
@@ -49,21 +48,11 @@ class Server:
         return port
 
     def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop and the RPC pool."""
+        """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop."""
         self._call(self._stop(grace))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)
-        self.ps.pool.shutdown(wait=False, cancel_futures=True)
 
     async def _stop(self, grace: float | None) -> None:
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= end:
-            return False
-        time.sleep(poll)
-    return True

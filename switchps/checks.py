@@ -60,7 +60,7 @@ def data_problems(name: str, path: str | None, role: Role | None) -> list[Proble
     return []
 
 
-def policy_problems(name: str, kwargs: dict[str, Any], every_k: int) -> list[Problem]:
+def policy_problems(name: str, kwargs: dict[str, Any]) -> list[Problem]:
     """The policy class, its keyword arguments by signature, then whatever its constructor rejects."""
     try:
         cls = policy_class(name)
@@ -69,7 +69,7 @@ def policy_problems(name: str, kwargs: dict[str, Any], every_k: int) -> list[Pro
     if problems := kwargs_problems(cls, kwargs, {}):
         return under("kwargs", problems)
     try:
-        make_policy(name, kwargs, every_k)
+        make_policy(name, kwargs)
     except ValueError as e:
         return [("", str(e))]
     return []

@@ -113,7 +113,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_evaluator(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, role="evaluator")
     _tf_config(cfg, "evaluator", None)
-    from switchps.worker.main import run_evaluator
+    from switchps.worker.evaluator import run_evaluator
 
     run_evaluator(cfg, Path(args.run_dir) if args.run_dir else Path(cfg.output.dir))
     return 0
@@ -137,9 +137,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from switchps.study import (
-        AmbStudy, DynamicBatchingStudy, SyncSwitchStudy, run_amb_vs_fmb, run_dynamic_batching, run_sync_switch,
-    )
+    from switchps.studies.amb_vs_fmb import AmbStudy, run_amb_vs_fmb
+    from switchps.studies.dynamic_batching import DynamicBatchingStudy, run_dynamic_batching
+    from switchps.studies.sync_switch import SyncSwitchStudy, run_sync_switch
 
     given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target", "bsp_fraction")
              if getattr(args, k) is not None}

@@ -14,7 +14,7 @@ model (the ``ps`` only finds its module) and finding the dataset files.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
@@ -26,14 +26,15 @@ from pydantic import (
 )
 
 from switchps.checks import Role, data_problems, model_problems, optimizer_problems, policy_problems
-from switchps.problems import ConfigError, Problems, describe
-from switchps.ps_server.schedules import make_schedule
-from switchps.worker.stragglers import StragglerSpec
+from switchps.problems import ConfigError, Problems, describe, did_you_mean
+from switchps.ps_server.optimizers import OPTIMIZERS
+from switchps.ps_server.protocols import PROTOCOLS
+from switchps.ps_server.schedules import SCHEDULES, make_schedule
+from switchps.worker.data import DATASETS
+from switchps.straggler_config import StragglerSpec
 from switchps.yamlfile import apply_override, read_yaml
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "parse_config"]
-
-PROTOCOLS = ("bsp", "asp", "ssp")
 
 MAX_WORKERS = 1024
 """Each worker is a process and two PS server threads; protobuf counts workers in int32."""
@@ -100,14 +101,28 @@ class ModelSpec(Section):
         return self
 
 
+def one_of(v: str, names: Iterable[str], what: str) -> str:
+    """``v`` if it is one of ``names`` (the list that builds the thing), else a one-line error."""
+    names = list(names)
+    if v not in names:
+        raise ValueError(f"unknown {what} {v!r}{did_you_mean(v, names)}; expected one of {', '.join(names)}")
+    return v
+
+
 class DataSpec(Section):
-    name: Literal["digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "npz"] = "digits"
+    name: str = "digits"
+    """One of ``worker.data.DATASETS``."""
     path: str | None = None
     test_fraction: float = Field(0.2, gt=0, lt=1)
     num_samples: int = Field(10000, gt=0, le=10**7)
     """synthetic (generated in memory): at most 10**7 samples, and 10**4 features and classes."""
     num_features: int = Field(20, gt=0, le=10**4)
     num_classes: int = Field(10, gt=1, le=10**4)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return one_of(v, DATASETS, "dataset")
 
     @model_validator(mode="after")
     def _files(self, info: ValidationInfo) -> "DataSpec":
@@ -125,7 +140,8 @@ Step = Annotated[int, Field(ge=0, le=MAX_STEPS)]
 class ScheduleSpec(Section):
     """Built here as the PS builds it, so a bad combination fails before any process starts."""
 
-    kind: Literal["constant", "step", "exponential", "cosine"] = "constant"
+    kind: str = "constant"
+    """One of ``ps_server.schedules.SCHEDULES``."""
     boundaries: list[Step] | None = None
     """step: increasing update counts; these and the other step counts are at most 2**31 - 1."""
     values: list[float] | None = None
@@ -135,6 +151,11 @@ class ScheduleSpec(Section):
     staircase: bool = False
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
 
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return one_of(v, SCHEDULES, "schedule")
+
     @model_validator(mode="after")
     def _builds(self) -> "ScheduleSpec":
         make_schedule(self.kind, 1.0, **self.model_dump(exclude={"kind"}, exclude_none=True))
@@ -142,12 +163,18 @@ class ScheduleSpec(Section):
 
 
 class OptimizerSpec(Section):
-    name: Literal["sgd", "momentum", "nesterov", "rmsprop", "adam", "adagrad"] = "sgd"
+    name: str = "sgd"
+    """One of ``ps_server.optimizers.OPTIMIZERS``."""
     learning_rate: float = Field(0.1, gt=0)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     params: dict[str, float] = Field(default_factory=dict)
     """Extra hyper-parameters: momentum, rho, beta_1, beta_2, epsilon, initial_accumulator_value,
     as the optimizer named accepts them."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return one_of(v, OPTIMIZERS, "optimizer")
 
     @field_validator("params")
     @classmethod
@@ -157,12 +184,11 @@ class OptimizerSpec(Section):
         return v
 
 
-SYNCHRONOUS = ("bsp", "amb", "fmb")
-"""Protocols that run in rounds: every active worker pushes, then one update is applied."""
-
-
 class ProtocolSpec(Section):
-    name: Literal["bsp", "asp", "ssp", "amb", "fmb"] = "bsp"
+    """The protocol in force and its parameters; policies change them live."""
+
+    name: str = "bsp"
+    """One of ``ps_server.protocols.PROTOCOLS``: bsp, fmb, amb, asp, ssp, kasync, timed."""
     batch: int = Field(32, gt=0, le=MAX_BATCH)
     """Samples per worker step (the sample budget), at most 2**20; FMB is BSP with this fixed batch."""
     micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH)
@@ -175,34 +201,30 @@ class ProtocolSpec(Section):
     """A worker that has not pushed this long after a round began is marked inactive."""
     backup_workers: int = Field(0, ge=0, lt=MAX_WORKERS)
     """BSP only: complete a round on the first N-k pushes and drop the k late ones (k < N)."""
+    excluded_pushes: Literal["join", "drop"] = "join"
+    """Rounds: stale pushes from workers a policy took out of the barrier (elastic) join a later round
+    as stale contributions, or are dropped and counted."""
     staleness: int = Field(3, ge=0, le=MAX_STEPS)
     """SSP only: how many clocks a worker may run ahead of the slowest (at most 2**31 - 1)."""
     staleness_lr: bool = False
     """ASP/SSP: damp the learning rate by staleness, lr/(1+tau)."""
+    k: int | None = Field(None, gt=0, le=MAX_WORKERS)
+    """kasync: apply one update of the first K pushes, whatever their versions (default: the workers)."""
+    window_s: float | None = Field(None, gt=0)
+    """timed: apply whatever arrived every window_s seconds, at least one push (required for timed)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return one_of(v, PROTOCOLS, "protocol")
 
     @model_validator(mode="after")
-    def _amb_needs_budget(self) -> "ProtocolSpec":
+    def _required(self) -> "ProtocolSpec":
         if self.name == "amb" and self.time_budget_s is None:
             raise ValueError("time_budget_s is required when name is amb")
+        if self.name == "timed" and self.window_s is None:
+            raise ValueError("window_s is required when name is timed")
         return self
-
-    @property
-    def synchronous(self) -> bool:
-        return self.name in SYNCHRONOUS
-
-    @property
-    def sample_budget(self) -> int:
-        """Samples a worker may take per step: AMB's upper bound, else the batch."""
-        return (self.max_batch or 4 * self.batch) if self.name == "amb" else self.batch
-
-    @property
-    def step_time_budget_s(self) -> float:
-        """T for AMB; 0 (no time budget) otherwise."""
-        return (self.time_budget_s or 0.0) if self.name == "amb" else 0.0
-
-    @property
-    def effective_micro_batch(self) -> int:
-        return min(self.micro_batch or self.batch, self.sample_budget)
 
 
 class DeviceSpec(Section):
@@ -231,9 +253,6 @@ class SwitchSpec(Section):
     """asynchrony: entering ASP/SSP with N workers, lower the momentum by the 1 - 1/N that asynchrony itself
     adds (Mitliagkas et al., "Asynchrony begets momentum", 2016) and raise the learning rate so that
     lr / (1 - momentum) is unchanged; a round-based protocol gets the configured momentum back."""
-    stale: Literal["use", "drop"] = "use"
-    """Pushes from workers taken out of the barrier (elastic) that arrive stale: join a later round as
-    stale contributions, or are dropped and counted."""
 
 
 class PolicySpec(Section):
@@ -249,7 +268,7 @@ class PolicySpec(Section):
     @model_validator(mode="after")
     def _builds(self) -> "PolicySpec":
         """Policies run in the PS, so every process can build one: a bad name or kwargs fails here."""
-        if self.name is not None and (problems := policy_problems(self.name, self.kwargs, self.every_k)):
+        if self.name is not None and (problems := policy_problems(self.name, self.kwargs)):
             raise Problems(problems)
         return self
 

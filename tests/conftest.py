@@ -12,9 +12,8 @@ import pytest
 
 from switchps.config import parse_config
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.link import DuplexLink
-from switchps.ps_server.main import build_engine
-from switchps.ps_server.model import make_layout
+from switchps.ps_server.main import build_ps
+from switchps.protos.layout import make_layout
 from switchps.ps_server.server import Server
 from switchps.ps_server.service import ParameterServer
 from switchps.worker.client import PSClient, Reply
@@ -80,22 +79,30 @@ class LiveCluster:
     server: Server
 
     @property
-    def engine(self):
-        return self.ps.engine
+    def core(self):
+        return self.ps.core
+
+    @property
+    def rec(self):
+        return self.ps.rec
+
+    @property
+    def store(self):
+        return self.ps.store
 
     @property
     def params(self) -> np.ndarray:
         return self.ps.store.values
 
     def events(self, kind: str | None = None) -> list[dict]:
-        self.engine.rec.flush()
+        self.rec.flush()
         rows = [json.loads(line) for line in (self.run_dir / "events.jsonl").read_text().splitlines() if line]
         return [r for r in rows if kind is None or r["event"] == kind]
 
     def ps_rows(self) -> list[dict]:
         import csv
 
-        self.engine.rec.flush()
+        self.rec.flush()
         with (self.run_dir / "ps.csv").open() as f:
             return list(csv.DictReader(f))
 
@@ -112,12 +119,12 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
         "protocol": {"name": "bsp", **(protocol or {})},
         "train": train or {"steps": 10_000},
         "policy": policy or {},
+        "network": {"ps_link_mbit_s": link_mbit_s},
+        "runtime": {"receive_timeout_s": receive_timeout_s},
     }
-    cfg = parse_config(raw)
-    engine = build_engine(cfg, tmp_path)
+    ps = build_ps(parse_config(raw), tmp_path)
     if chunk_bytes:
-        engine.store.chunk_bytes = chunk_bytes
-    ps = ParameterServer(engine, workers, DuplexLink(link_mbit_s) if link_mbit_s else None, receive_timeout_s)
+        ps.store.chunk_bytes = chunk_bytes
     server = Server(ps, "127.0.0.1:0")
     address = f"127.0.0.1:{server.port}"
     layout = make_layout([("w", (size,))], [("s", (state,))] if state else [])

@@ -10,7 +10,7 @@ import pytest
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.worker.steps import Sampler, StepRunner
-from switchps.worker.stragglers import StepDelays
+from switchps.ps_server.records import StepDelays
 
 
 @dataclass
@@ -95,31 +95,11 @@ def test_slowdown_factor_stretches_compute_and_comm_delay_comes_last():
     assert clock.now() - t0 == pytest.approx(0.35)
 
 
-def test_amb_work_orders_and_unequal_batches_on_the_ps(cluster_factory):
-    c = cluster_factory(workers=2, size=4,
-                        protocol={"name": "amb", "time_budget_s": 0.25, "batch": 8, "micro_batch": 2})
-    order = c.workers[0].client.pull(c.workers[0].params, worker=0).order
-    assert (order.protocol, order.time_budget_s, order.sample_budget, order.micro_batch) == ("amb", 0.25, 32, 2)
-    p = c.workers[0].push_async(np.full(4, 6.0, np.float32), 2)  # AMB rounds wait for every worker
-    time.sleep(0.3)
-    assert p.is_alive()
-    c.workers[1].push(np.full(4, 2.0, np.float32), 6)
-    p.result()
-    # every sample counts once: ΣG/Σb = 8/8 = 1, not the mean of per-worker means (3 + 1/3)/2
-    np.testing.assert_allclose(c.params, np.full(4, -1.0))
-    row = c.ps_rows()[0]
-    assert (row["protocol"], row["b_min"], row["b_max"], row["time_budget_s"]) == ("amb", "2", "6", "0.25")
-
-
-def test_fmb_is_bsp_with_a_fixed_batch(cluster_factory):
-    c = cluster_factory(workers=2, size=4, protocol={"name": "fmb", "batch": 8})
-    order = c.workers[0].client.pull(c.workers[0].params, worker=0).order
-    assert (order.protocol, order.time_budget_s, order.sample_budget) == ("fmb", 0.0, 8)
-
-
 def test_trace_recorded_by_the_ps_replays_bit_exactly(tmp_path):
     from switchps.ps_server.records import RunRecorder
-    from switchps.worker.stragglers import StragglerInjector, StragglerSpec, load_trace
+    from switchps.ps_server.records import load_trace
+    from switchps.straggler_config import StragglerSpec
+    from switchps.worker.stragglers import StragglerInjector
 
     spec = StragglerSpec(mixture={"preset": "niagara", "scale": 0.37}, comm_delay={"sigma_s": 0.013},
                          transient={"workers": 1, "factor": 2.5, "duration_s": 1.0, "every_s": 3.0})

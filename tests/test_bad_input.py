@@ -69,19 +69,19 @@ def test_bad_push_is_rejected_counted_and_harmless(cluster_factory, case):
     assert err.code() == code, err.details()
     assert err.details(), "the status must carry a message"
     np.testing.assert_array_equal(c.params, before)
-    assert c.engine.store.version == 0
-    assert c.engine.rec.counts["rejected"] == 1 and c.engine.rec.reasons[f"rejected:{reason}"] == 1
+    assert c.store.version == 0
+    assert c.rec.counts["rejected"] == 1 and c.rec.reasons[f"rejected:{reason}"] == 1
     assert [e["reason"] for e in c.events("push_rejected")] == [reason]
     # The server survives and a good push still works.
     r = c.workers[0].push(np.ones(SIZE, np.float32), 4)
-    assert r.reply.applied and c.engine.store.version == 1
-    summary = c.engine.rec.close({})
+    assert r.reply.applied and c.store.version == 1
+    summary = c.rec.close({})
     assert summary["pushes_rejected"] == 1
     assert json.loads((c.run_dir / "summary.json").read_text())["pushes_rejected"] == 1
 
 
 def test_register_rejects_bad_index_and_foreign_layout(cluster_factory):
-    from switchps.ps_server.model import make_layout
+    from switchps.protos.layout import make_layout
 
     c = cluster_factory(workers=1, size=SIZE)
     client = c.workers[0].client

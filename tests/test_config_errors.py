@@ -81,7 +81,8 @@ BAD = [
     ("many at once", "protocol: {name: gossip, batch: 0}\noptimizer: {learning_rate: -1}\ncluster: {workers: 0}\n"
                      "bogus: 1\n", [],
      ["cluster.workers: need at least one worker", "optimizer.learning_rate: Input should be greater than 0",
-      "protocol.name: Input should be", "protocol.batch: Input should be greater than 0", "bogus: unknown key"]),
+      "protocol.name: unknown protocol 'gossip'", "protocol.batch: Input should be greater than 0",
+      "bogus: unknown key"]),
     ("--set bad value", "train: {steps: 10}", ["protocol.batch=lots"],
      ["protocol.batch: Input should be a valid integer, unable to parse string as an integer (got 'lots')"]),
     ("--set malformed twice", "train: {steps: 10}", ["protocol.batch", "model.kwargs={hidden: [1"],
@@ -197,21 +198,9 @@ USER_MODELS = textwrap.dedent("""
         h = keras.layers.Dense(width, activation="relu", name="h")(keras.layers.Flatten(name="flat")(x))
         return keras.Model(x, keras.layers.Dense(num_classes, name="logits")(h))
 """)
-USER_POLICIES = textwrap.dedent("""
-    from switchps.policies.base import Decision, Policy
-
-
-    class AspAfterLoss(Policy):
-        name = "asp_after_loss"
-
-        def __init__(self, below=0.3):
-            self.below = below
-
-        def decide(self, s):
-            if s.protocol == "bsp" and s.train_loss is not None and s.train_loss < self.below:
-                return Decision(reason="low loss", protocol="asp")
-            return None
-""")
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+USER_POLICIES = README.split("```python\n# my_policies.py\n", 1)[1].split("```", 1)[0]
+"""The README's own example policy, so that the README cannot drift from what runs."""
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode
-from switchps.ps_server.model import make_layout
+from switchps.protos.layout import make_layout
 
 SIZE = 16
 PUSH = "/switchps.ParameterServer/Push"
@@ -40,8 +40,8 @@ def _frame0(c, **kw) -> bytes:
 
 def _unchanged(c, rejected: str, count: int = 1) -> None:
     np.testing.assert_array_equal(c.params, np.zeros(SIZE))
-    assert c.engine.store.version == 0
-    assert c.engine.rec.rejections[rejected] == count, dict(c.engine.rec.rejections)
+    assert c.store.version == 0
+    assert c.rec.rejections[rejected] == count, dict(c.rec.rejections)
 
 
 def test_a_stream_that_breaks_after_a_complete_first_frame_applies_nothing(cluster_factory):
@@ -103,7 +103,7 @@ def test_idle_streams_do_not_starve_health_checks_or_pulls(cluster_factory):
             list(call)
         codes.append(err.value.code())
     assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}, "the server cuts streams that send nothing"
-    assert c.engine.rec.rejections["push:idle"] == 100
+    assert c.rec.rejections["push:idle"] == 100
     never.set()
     channel.close()
 
@@ -124,7 +124,7 @@ def test_absurd_counts_and_statistics_are_rejected(cluster_factory, fields, reas
         list(_stream(channel)(iter([_frame0(c, **fields)]), timeout=10))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     _unchanged(c, f"push:{reason}")
-    assert not c.engine.done and c.engine.progress() == 0.0
+    assert not c.core.done and c.core.samples == 0
     channel.close()
 
 
@@ -145,8 +145,8 @@ def _register(c, worker: int = 0, shard_size: int = 100, layout: pb.Layout | Non
 def test_bad_registrations_are_rejected_and_the_run_goes_on(cluster_factory, kw, reason):
     c = cluster_factory(workers=1, size=SIZE, protocol={"name": "asp"}, train={"epochs": 5})
     assert _register(c, **kw).code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert c.engine.rec.rejections[f"register:{reason}"] == 1
-    assert c.engine.registered == {0: 100} and not c.engine.done
+    assert c.rec.rejections[f"register:{reason}"] == 1
+    assert c.core.members.registered == {0: 100} and not c.core.done
     assert c.workers[0].push(np.ones(SIZE, np.float32), 4).reply.applied
 
 
@@ -177,8 +177,8 @@ def test_implausible_evaluations_are_rejected(cluster_factory, report, code):
     with pytest.raises(grpc.RpcError) as err:
         call(report, timeout=10)
     assert err.value.code() == code
-    assert sum(v for k, v in c.engine.rec.rejections.items() if k.startswith("eval:")) == 1
-    assert not c.engine.rec.evals and c.ps.final_eval is None
+    assert sum(v for k, v in c.rec.rejections.items() if k.startswith("eval:")) == 1
+    assert not c.rec.evals and c.ps.final_eval is None
 
 
 def test_a_pull_for_an_unknown_worker_is_rejected(cluster_factory):
@@ -186,7 +186,7 @@ def test_a_pull_for_an_unknown_worker_is_rejected(cluster_factory):
     with pytest.raises(grpc.RpcError) as err:
         c.workers[0].client.pull(np.empty(SIZE, np.float32), worker=12345)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert c.engine.rec.rejections["pull:unknown_worker"] == 1
+    assert c.rec.rejections["pull:unknown_worker"] == 1
 
 
 def _strict(text: str):

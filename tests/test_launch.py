@@ -57,7 +57,7 @@ def no_process_mentions(text: str) -> bool:
     return out.stdout.strip() == ""
 
 
-@pytest.mark.parametrize("config", ["bsp", "asp", "ssp", "backup", "amb", "fmb"])
+@pytest.mark.parametrize("config", ["bsp", "asp", "ssp", "backup", "amb", "fmb", "kasync", "timed"])
 def test_example_config_trains_digits_to_090(tmp_path, config):
     proc, run_dir = run(tmp_path, str(CONFIGS / f"{config}.yaml"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -79,6 +79,10 @@ def test_example_config_trains_digits_to_090(tmp_path, config):
         assert set(contributors) == {2}
         assert summary["pushes_dropped"] >= 0.5 * summary["updates"]
         assert set(summary["push_reasons"]) <= {"dropped:backup", "dropped:finished"}
+    if config == "kasync":  # K = 3 pushes per update, whatever their versions
+        assert set(contributors) == {3} and max(int(u["staleness_max"]) for u in updates) >= 1
+    if config == "timed":  # whatever arrived in each window: one push or several
+        assert min(contributors) >= 1 and max(contributors) > 1
     if config in ("asp", "ssp"):  # one push per update, applied on arrival, some of them stale
         assert set(contributors) == {1}
         assert max(int(u["staleness_max"]) for u in updates) >= 1

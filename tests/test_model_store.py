@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from switchps.ps_server.model import ModelStore, Snapshot, make_layout
+from switchps.protos.layout import make_layout
+from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.optimizers import make_optimizer
 from switchps.ps_server.schedules import make_schedule
 

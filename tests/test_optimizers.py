@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from switchps.ps_server import optimizers as O  # noqa: E402
-from switchps.ps_server.schedules import make_schedule  # noqa: E402
+from switchps.ps_server.schedules import make_schedule, rate  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -105,7 +105,7 @@ def test_schedule_matches_keras(ours, theirs):
 
 
 def test_constant_schedule():
-    assert make_schedule("constant", 0.3)(12345) == 0.3
+    assert rate(make_schedule("constant", 0.3), 12345) == 0.3
 
 
 def test_warmup():

@@ -72,3 +72,22 @@ def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
             in_wheel = sorted(n.rsplit("/", 1)[1] for n in infos if n.startswith(f"switchps/{sub}/"))
             assert in_wheel == on_disk, sub
             assert all(infos[f"switchps/{sub}/{name}"].file_size > 0 or name == "__init__.py" for name in on_disk)
+
+
+def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
+    for path in (ROOT / "ps_server").glob("*.py"):
+        assert not [m for m in _own_imports(path) if m.startswith("switchps.worker")], path.name
+    probe = ("import sys, switchps.ps_server.main; from switchps.config import load_config; "
+             "load_config(None, role='ps'); print('tensorflow' in sys.modules or 'keras' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_the_protocol_core_has_no_io_and_no_threads():
+    for name in ("core", "protocols", "events", "observer", "rescale"):
+        imports = _own_imports(ROOT / "ps_server" / f"{name}.py")
+        tree = ast.parse((ROOT / "ps_server" / f"{name}.py").read_text())
+        third = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        third |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not third & {"grpc", "threading", "asyncio", "socket", "time", "concurrent"}, (name, third)
+        assert "switchps.ps_server.service" not in imports and "switchps.ps_server.model" not in imports

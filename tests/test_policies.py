@@ -9,13 +9,13 @@ import textwrap
 import pytest
 
 from switchps.config import ConfigError, parse_config
-from switchps.policies.base import Snapshot
+from switchps.policies.base import ClusterView
 from switchps.policies.registry import make_policy
 from switchps.policies.schedule import Schedule
 
 
-def snap(protocol: str = "bsp", progress: float = 0.0, version: int = 0, epoch: float = 0.0) -> Snapshot:
-    return Snapshot(version=version, time_s=0.0, progress=progress, protocol=protocol, num_workers=2,
+def snap(protocol: str = "bsp", progress: float = 0.0, version: int = 0, epoch: float = 0.0) -> ClusterView:
+    return ClusterView(version=version, time_s=0.0, progress=progress, protocol=protocol, num_workers=2,
                     active=frozenset({0, 1}), excluded=frozenset(), workers={}, batches={0: 8, 1: 8},
                     train_loss=None, time_budget_s=None, epoch=epoch)
 
@@ -90,10 +90,9 @@ def user_module(tmp_path, monkeypatch):
 
 
 def test_user_policy_by_import_path(user_module):
-    policy = make_policy(f"{user_module}:AspAfterLoss", {"below": 0.4}, every_k=7)
-    assert policy.every_k == 7
+    policy = make_policy(f"{user_module}:AspAfterLoss", {"below": 0.4})
     assert policy.decide(snap("bsp")) is None
-    low = Snapshot(**{**snap("bsp").__dict__, "train_loss": 0.3})
+    low = ClusterView(**{**snap("bsp").__dict__, "train_loss": 0.3})
     assert policy.decide(low).protocol == "asp"
     cfg = parse_config({"policy": {"name": f"{user_module}:AspAfterLoss", "kwargs": {"below": 0.2}}})
     assert cfg.policy.kwargs == {"below": 0.2}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from switchps.policies.base import Decision, Snapshot, WorkerStats
+from switchps.policies.base import Decision, ClusterView, WorkerStats
 from switchps.policies.detector import StragglerDetector
 from switchps.policies.online import Anytime, DynamicBatching, Elastic, Greedy, apportion
 
@@ -12,14 +12,14 @@ from switchps.policies.online import Anytime, DynamicBatching, Elastic, Greedy, 
 def snap(times: dict[int, float], *, protocol: str = "bsp", progress: float = 0.0,
          batches: dict[int, int] | None = None, samples: dict[int, float] | None = None,
          compute: dict[int, float] | None = None, active: set[int] | None = None,
-         excluded: set[int] | frozenset[int] = frozenset(), num_workers: int | None = None) -> Snapshot:
+         excluded: set[int] | frozenset[int] = frozenset(), num_workers: int | None = None) -> ClusterView:
     """A snapshot whose workers have the given step times (batch 32, samples = batch, compute = step time)."""
     batches = batches or dict.fromkeys(times, 32)
     samples = samples or {w: float(batches[w]) for w in times}
     compute = compute or times
     workers = {w: WorkerStats(step_time_s=t, compute_s=compute[w], samples=samples[w],
                               throughput=samples[w] / t, steps=5) for w, t in times.items()}
-    return Snapshot(version=0, time_s=0.0, progress=progress, protocol=protocol,
+    return ClusterView(version=0, time_s=0.0, progress=progress, protocol=protocol,
                     num_workers=num_workers or len(times), active=frozenset(active or times),
                     excluded=frozenset(excluded), workers=workers, batches=batches, train_loss=None,
                     time_budget_s=None)

@@ -5,20 +5,25 @@ from __future__ import annotations
 import pytest
 
 from switchps.config import ProtocolSpec, SwitchSpec
-from switchps.ps_server.rescale import Batches, effective_batch, lr_scale, momentum_in_force
+from switchps.ps_server.protocols import Batches, SyncProtocol, make_protocol
+from switchps.ps_server.rescale import lr_scale, momentum_in_force
 
-BSP, ASP = ProtocolSpec(name="bsp", batch=16), ProtocolSpec(name="asp", batch=16)
-AMB = ProtocolSpec(name="amb", batch=16, time_budget_s=1.0)
+
+def proto(name: str, **fields) -> SyncProtocol:
+    return make_protocol(ProtocolSpec(name=name, batch=16, **fields), lambda buffer: None)
+
+
+BSP, ASP, AMB = proto("bsp"), proto("asp"), proto("amb", time_budget_s=1.0)
 EIGHT = Batches(8, {})
 
 
-def scale(spec: ProtocolSpec, reference: ProtocolSpec = BSP, b: Batches = EIGHT, mu: float = 0.9,
+def scale(current: SyncProtocol, reference: SyncProtocol = BSP, b: Batches = EIGHT, mu: float = 0.9,
           **on_switch) -> float:
-    return lr_scale(spec, reference, SwitchSpec(**on_switch), mu, b)
+    return lr_scale(current, reference, SwitchSpec(**on_switch), mu, b)
 
 
 def test_the_configured_protocol_runs_at_the_configured_rate():
-    assert scale(BSP) == scale(ASP, ASP) == scale(AMB, AMB, Batches(8, {}, amb_mean=3.0)) == 1.0
+    assert scale(BSP) == scale(ASP, ASP) == scale(AMB, AMB, Batches(8, {}, step_samples=3.0)) == 1.0
 
 
 def test_linear_rule_and_factor_rule_against_the_reference():
@@ -29,14 +34,19 @@ def test_linear_rule_and_factor_rule_against_the_reference():
 
 
 def test_amb_uses_the_measured_mean_batch_not_the_nominal_one():
-    assert effective_batch(AMB, Batches(8, {})) == 128
-    assert scale(AMB, b=Batches(8, {}, amb_mean=10.0)) == pytest.approx(80 / 128)
+    assert AMB.effective_batch(Batches(8, {})) == 128
+    assert scale(AMB, b=Batches(8, {}, step_samples=10.0)) == pytest.approx(80 / 128)
+    assert proto("bsp", time_budget_s=1.0).effective_batch(Batches(8, {}, step_samples=10.0)) == 128, \
+        "a T left over from AMB means nothing to BSP"
 
 
-def test_backup_workers_and_dynamic_batches():
-    backup = ProtocolSpec(name="bsp", batch=16, backup_workers=2)
-    assert scale(backup) == pytest.approx(6 / 8)
+def test_backup_workers_dynamic_batches_kasync_and_timed():
+    assert scale(proto("bsp", backup_workers=2)) == pytest.approx(6 / 8)
     assert scale(BSP, b=Batches(4, {0: 4, 1: 20, 2: 20, 3: 20})) == 1.0, "dynamic batching holds the sum"
+    assert scale(proto("kasync", k=4)) == pytest.approx(4 / 8)
+    assert scale(proto("kasync")) == 1.0, "K = N keeps the global batch (GBA)"
+    timed = proto("timed", window_s=1.0)
+    assert scale(timed, b=Batches(8, {}, update_samples=32.0)) == pytest.approx(32 / 128)
 
 
 def test_momentum_rule_keeps_lr_over_one_minus_momentum_and_only_lowers():

@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from switchps.worker.stragglers import (
-    TRACE_COLUMNS,
-    CommDelaySpec,
-    MixtureSpec,
-    SlowdownSpec,
-    StepDelays,
-    StragglerInjector,
-    StragglerSpec,
-    TransientSpec,
-    expected_mixture_mean,
-    load_trace,
+from switchps.ps_server.records import TRACE_COLUMNS, StepDelays, load_trace
+from switchps.straggler_config import (
+    CommDelaySpec, MixtureSpec, SlowdownSpec, StragglerSpec, TransientSpec, expected_mixture_mean,
 )
+from switchps.worker.stragglers import StragglerInjector
 
 N = 10_000
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from switchps.plots import read_csv
-from switchps.study import AmbStudy, run_amb_vs_fmb
-from switchps.worker.stragglers import load_trace
+from switchps.studies.amb_vs_fmb import AmbStudy, run_amb_vs_fmb
+from switchps.ps_server.records import load_trace
 
 pytestmark = pytest.mark.integration
 
@@ -39,21 +39,22 @@ def test_amb_vs_fmb_replays_the_same_trace_and_writes_its_outputs(tmp_path):
 
 def test_sync_switch_asp_arm_starts_with_what_the_hybrid_switches_to():
     from switchps.config import parse_config
-    from switchps.study import SyncSwitchStudy, _merge
+    from switchps.studies.base import merge
+    from switchps.studies.sync_switch import SyncSwitchStudy
 
     study = SyncSwitchStudy()
     arms = study.arms()
-    asp = parse_config(_merge(study.base(), arms["asp"]))
+    asp = parse_config(merge(study.base(), arms["asp"]))
     # the switch's factor: 0.2 / 16, then momentum 0.9 - (1 - 1/8) = 0.025 with lr x (1 - 0.025) / (1 - 0.9)
     assert asp.optimizer.learning_rate == pytest.approx(0.2 / 16 * 9.75)
     assert asp.optimizer.params["momentum"] == pytest.approx(0.025)
-    hybrid = parse_config(_merge(study.base(), arms["hybrid0.125"]))
+    hybrid = parse_config(merge(study.base(), arms["hybrid0.125"]))
     assert hybrid.policy.on_switch.momentum == "asynchrony" and hybrid.policy.on_switch.lr == 16.0
     assert hybrid.network.ps_link_mbit_s == 5.0
 
 
 def test_time_to_target_reads_the_mean_of_the_last_five_evals_and_counts_epochs_seen(tmp_path):
-    from switchps.study import _time_and_epochs_to
+    from switchps.studies.sync_switch import _time_and_epochs_to
 
     accuracies = [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]  # trailing means: 0.5, 0.75, 0.83, 0.875, 0.9, 1.0
     (tmp_path / "eval.csv").write_text("time_s,version,test_loss,test_accuracy\n" + "".join(
@@ -66,12 +67,13 @@ def test_time_to_target_reads_the_mean_of_the_last_five_evals_and_counts_epochs_
 
 def test_sync_switch_arms_are_selectable_and_bsp_always_runs():
     from switchps.config import parse_config
-    from switchps.study import SyncSwitchStudy, _merge
+    from switchps.studies.base import merge
+    from switchps.studies.sync_switch import SyncSwitchStudy
 
     study = SyncSwitchStudy(arms_run=("hybrid", "asp"), model="logreg")
     arms = study.arms()
     assert list(arms) == ["bsp", "asp", "hybrid0.125"]
-    cfg = parse_config(_merge(study.base(), arms["bsp"]))
+    cfg = parse_config(merge(study.base(), arms["bsp"]))
     assert cfg.model.name == "logreg" and cfg.model.kwargs == {}
 
 

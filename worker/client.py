@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -21,7 +22,7 @@ SERVICE = "/switchps.ParameterServer/"
 class Reply:
     """A push or pull reply; ``params`` were written into the caller's buffer when ``fresh``."""
 
-    reply: pb.PushReply
+    reply: pb.PushReply | pb.PullReply
     fresh: bool
 
     @property
@@ -69,26 +70,28 @@ class PSClient:
     def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
         header = pb.InitHeader(worker=worker, layout_digest=layout.digest, nbytes=values.nbytes)
         frames = self._init(encode_array(header, values, self.chunk_bytes), timeout=self.timeout_s)
-        reply, _ = decode_header(next(frames), pb.PushReply)
+        reply, _ = decode_header(next(frames), pb.InitReply)
         return reply.order
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
              wait_initialized: bool = False) -> Reply:
         request = next(encode(pb.PullRequest(worker=worker, have_version=have_version,
                                              wait_initialized=wait_initialized)))
-        return self._read_reply(self._pull(request, timeout=self.timeout_s), params)
+        return self._read_reply(self._pull(request, timeout=self.timeout_s), params, pb.PullReply)
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """Push a summed gradient; the reply's parameters are written into ``params``."""
         header.nbytes = grad_sum.nbytes
         frames = encode_array(header, grad_sum, self.chunk_bytes)
         if grad_sum.nbytes <= INLINE_BYTES:
-            return self._read_reply(iter([self._push_small(next(frames), timeout=self.timeout_s)]), params)
-        return self._read_reply(self._push(frames, timeout=self.timeout_s), params)
+            return self._read_reply(iter([self._push_small(next(frames), timeout=self.timeout_s)]), params,
+                                    pb.PushReply)
+        return self._read_reply(self._push(frames, timeout=self.timeout_s), params, pb.PushReply)
 
     @staticmethod
-    def _read_reply(frames, params: np.ndarray) -> Reply:
-        reply, first = decode_header(next(frames), pb.PushReply)
+    def _read_reply(frames: Iterator[bytes], params: np.ndarray,
+                    kind: type[pb.PushReply] | type[pb.PullReply]) -> Reply:
+        reply, first = decode_header(next(frames), kind)
         if reply.nbytes:
             receive_into(first, frames, params)
         return Reply(reply, fresh=reply.nbytes > 0)

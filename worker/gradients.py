@@ -17,12 +17,6 @@ import tensorflow as tf
 from switchps.worker.weights import FlatWeights
 
 
-def configure_threads(intra_op: int, inter_op: int) -> None:
-    """Limit TF's thread pools (must run before TF executes any op)."""
-    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
-
-
 class GradientComputer:
     """Computes Σ per-sample gradients of the cross-entropy over a step's samples.
 

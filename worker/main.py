@@ -1,53 +1,36 @@
-"""The worker and evaluator processes.
+"""The worker process.
 
 A worker builds its model and traces every TF function, then registers
 (ready), pulls, and loops: take the sample budget from its shard, compute
 Σ gradients over micro-batches, push them with the sample count and the
 model's state, and obey the work order in the reply (which also carries the
-fresh values). The evaluator pulls the latest model at the configured
-interval, scores it on the held-out set and reports to the PS, off the
-critical path; once training is done it scores the last version and writes
-it as ``model.keras``.
+fresh values).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from pathlib import Path
 
-import keras
 import numpy as np
 
 from switchps.config import RunConfig
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.worker.client import PSClient
-from switchps.worker.data import Dataset, load_dataset
-from switchps.worker.gradients import GradientComputer, configure_threads
-from switchps.worker.models import build_model
+from switchps.worker.gradients import GradientComputer
+from switchps.worker.setup import prepare
 from switchps.worker.steps import RealClock, Sampler, Step, StepRunner
 from switchps.worker.stragglers import StragglerInjector
-from switchps.worker.weights import FlatWeights, save_keras
 
 log = logging.getLogger("switchps.worker")
 
 
-def _setup(cfg: RunConfig) -> tuple[Dataset, keras.Model]:
-    configure_threads(cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads)
-    d = cfg.data
-    data = load_dataset(d.name, path=d.path, seed=cfg.seed, test_fraction=d.test_fraction,
-                        num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes)
-    model = build_model(cfg.model.name, data.input_shape, data.num_classes, seed=cfg.seed, **cfg.model.kwargs)
-    return data, model
-
-
 def run_worker(cfg: RunConfig, index: int) -> int:
     """Train until the PS says stop; returns the number of steps taken."""
-    data, model = _setup(cfg)
+    data, model = prepare(cfg)
     x, y = data.shard(index, cfg.cluster.num_workers)
     gc = GradientComputer(model, data.input_shape)
-    gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.effective_micro_batch)  # never inside a timed step
+    gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     layout = gc.weights.layout()
     client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
     reg = client.register(index, layout, len(x))  # ready: the PS starts the clock once every worker is
@@ -95,59 +78,3 @@ def _warn_once(warned: set[str], index: int, s: Step, order: pb.WorkOrder, strag
     if stragglers.beyond_trace and "trace" not in warned:
         warned.add("trace")
         log.warning("worker %d: the straggler trace has no more steps; no further delays", index)
-
-
-def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
-    """Score the latest model every ``eval.every_s``; once training is done, score the last version,
-    write it as ``out_dir/model.keras`` and report that final score. Returns the model's path."""
-    data, model = _setup(cfg)
-    evaluate = Evaluator(model, data)
-    evaluate()  # trace before the PS starts the clock
-    weights = FlatWeights(model)
-    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
-    values = np.empty(weights.size, np.float32)
-    version = client.pull(values, wait_initialized=True).order.version
-    weights.assign(values)
-    while True:
-        t0 = time.monotonic()
-        final = client.status().done  # once done, the next pull is the last version
-        reply = client.pull(values, have_version=version)
-        if reply.fresh:
-            weights.assign(values)
-            version = reply.order.version
-        loss, acc = evaluate()
-        if final:
-            path = save_keras(model, out_dir / "model.keras")  # before the report: the PS exits on it
-            client.report_eval(version, loss, acc, final=True)
-            log.info("evaluator: final version %d, test accuracy %.4f, model written to %s", version, acc, path)
-            client.close()
-            return path
-        client.report_eval(version, loss, acc)
-        time.sleep(max(0.0, cfg.eval.every_s - (time.monotonic() - t0)))
-
-
-class Evaluator:
-    """Test loss and accuracy of the model's current weights on the held-out set."""
-
-    def __init__(self, model: keras.Model, data: Dataset, batch: int = 1024) -> None:
-        import tensorflow as tf
-
-        self.x, self.y, self.batch = data.x_test, data.y_test, batch
-        signature = [tf.TensorSpec([None, *data.input_shape], tf.float32), tf.TensorSpec([None], tf.int32)]
-
-        @tf.function(input_signature=signature)
-        def score(x, y):
-            logits = model(x, training=False)
-            loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=y.dtype), y), tf.float32))
-            return loss, correct
-
-        self._score = score
-
-    def __call__(self) -> tuple[float, float]:
-        loss = correct = 0.0
-        for i in range(0, len(self.x), self.batch):
-            l, c = self._score(self.x[i : i + self.batch], self.y[i : i + self.batch])
-            loss, correct = loss + float(l), correct + float(c)
-        n = len(self.x)
-        return loss / n, correct / n

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.model import make_layout
+from switchps.protos.layout import make_layout
 
 
 def _name(v: keras.Variable) -> str:

@@ -1,0 +1,394 @@
+"""Synchronization protocols as small objects: when a push is applied, and when its pusher hears back.
+
+Each class is one aggregation rule. The core admits a push (with its staleness already set) and the
+protocol answers with an ``Effect``: updates to apply now, held pushes to release, whether this pusher
+waits, or why the push is dropped. Deadlines and windows arrive through ``on_timer``; time is always an
+argument, never read. Like ps-lite's request handlers, the rules differ only in which replies they
+release, and when:
+
+- ``Rounds`` (bsp, fmb, amb): each worker in the barrier pushes once per version; the round, minus
+  ``backup_workers`` late pushes, becomes one update and releases everyone. A round older than
+  ``deadline_s`` completes without its missing workers. AMB differs only in its work order (T).
+- ``OnArrival`` (asp): every push is one update, at once.
+- ``Bounded`` (ssp): every push is one update, at once; a worker more than ``s`` pushes ahead of the
+  slowest active worker waits.
+- ``EveryK`` (kasync): one update of the first K pushes, whatever their versions; nobody waits.
+- ``Windowed`` (timed): one update of whatever arrived in each ``window_s``, at least one push.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+
+from switchps.ps_server.events import (
+    Aggregate, Batches, Budget, Effect, Membership, Push, Recycle, Update, aggregate_from, aggregate_state,
+)
+
+
+class Settings(Protocol):
+    """The protocol fields of the config (``config.ProtocolSpec``)."""
+
+    name: str
+    batch: int
+    micro_batch: int | None
+    time_budget_s: float | None
+    max_batch: int | None
+    deadline_s: float
+    backup_workers: int
+    staleness: int
+    staleness_lr: bool
+    k: int | None
+    window_s: float | None
+    excluded_pushes: Literal["join", "drop"]
+
+
+def required(m: Membership) -> set[int]:
+    """The workers a round waits for."""
+    return m.active - m.excluded
+
+
+def join(a: Aggregate, p: Push, recycle: Recycle) -> None:
+    """Take ``p`` into ``a``: its gradient joins the sum, and its buffer, if not the sum's, is recycled."""
+    if a.grad is None:
+        a.grad = p.grad
+    else:
+        np.add(a.grad, p.grad, out=a.grad)
+        recycle(p.grad)
+    a.members.append(p)
+    a.samples += p.samples
+
+
+def per_worker(b: Batches, batch: int) -> list[float]:
+    """Each worker's sample budget: a policy's, else the protocol's batch."""
+    return [float(b.per_worker.get(w, batch)) for w in range(b.num_workers)]
+
+
+def workers(a: Aggregate) -> set[int]:
+    return {m.worker for m in a.members}
+
+
+class SyncProtocol(ABC):
+    """One aggregation rule; see the module docstring. Subclasses set ``names`` and ``asynchronous``."""
+
+    names: ClassVar[tuple[str, ...]]
+    asynchronous: ClassVar[bool]
+    """Pushes may be stale by design (the asynchrony momentum rule applies)."""
+
+    def __init__(self, s: Settings, recycle: Recycle) -> None:
+        self.s, self.recycle = s, recycle
+
+    @property
+    def name(self) -> str:
+        return self.s.name
+
+    @property
+    def measures_batch(self) -> bool:
+        """The effective batch is what was measured, so the learning rate follows it update by update."""
+        return False
+
+    def budget(self, worker: int, batches: dict[int, int]) -> Budget:
+        samples = batches.get(worker, self.s.batch)
+        return Budget(samples, 0.0, min(self.s.micro_batch or self.s.batch, samples))
+
+    @abstractmethod
+    def admit(self, p: Push, m: Membership, now: float) -> Effect:
+        """Take a push in (its staleness set, its worker active)."""
+
+    def enter(self, previous: SyncProtocol | None, m: Membership, now: float) -> None:
+        """Come into force after ``previous`` (None at the start)."""
+
+    def busy(self) -> bool:
+        """Whether a switch must wait (a round in flight completes first)."""
+        return False
+
+    def drain(self, m: Membership, now: float) -> Effect:
+        """Leave force or end training: apply what is pending and release whoever waits."""
+        return Effect()
+
+    def on_timer(self, m: Membership, now: float) -> Effect:
+        return Effect()
+
+    def next_timer(self, m: Membership) -> float | None:
+        return None
+
+    def on_membership(self, m: Membership, now: float) -> Effect:
+        """Workers joined, left or were excluded."""
+        return Effect()
+
+    @abstractmethod
+    def effective_batch(self, b: Batches) -> float:
+        """Samples per update, for the learning-rate rule."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        pass
+
+
+class Rounds(SyncProtocol):
+    names = ("bsp", "fmb", "amb")
+    asynchronous = False
+
+    def __init__(self, s: Settings, recycle: Recycle) -> None:
+        super().__init__(s, recycle)
+        self.round: Aggregate | None = None
+        self.joins: set[int] = set()  # their next push joins the round whatever its version
+
+    @property
+    def time_budget_s(self) -> float:
+        """AMB's T; 0 for BSP and FMB, which end a step by samples alone."""
+        return (self.s.time_budget_s or 0.0) if self.s.name == "amb" else 0.0
+
+    @property
+    def measures_batch(self) -> bool:
+        return bool(self.time_budget_s)
+
+    def budget(self, worker: int, batches: dict[int, int]) -> Budget:
+        if not self.time_budget_s:
+            return super().budget(worker, batches)
+        samples = self.s.max_batch or 4 * self.s.batch  # AMB: at most this many, within T
+        return Budget(samples, self.time_budget_s, min(self.s.micro_batch or self.s.batch, samples))
+
+    def enter(self, previous: SyncProtocol | None, m: Membership, now: float) -> None:
+        if previous is not None and previous.asynchronous:
+            self.joins = set(m.active)  # gradients in flight from asynchronous orders join the first round
+
+    def admit(self, p: Push, m: Membership, now: float) -> Effect:
+        excluded = p.worker in m.excluded
+        joins = p.worker in self.joins or (excluded and self.s.excluded_pushes == "join")
+        self.joins.discard(p.worker)
+        if p.staleness and not joins:
+            return Effect(drop="excluded_stale" if excluded else "backup" if self.s.backup_workers else "late")
+        r = self.round = self.round or Aggregate(started=p.arrived)
+        if p.worker in workers(r):
+            return Effect(drop="duplicate")
+        join(r, p, self.recycle)
+        effect = self._complete_if_ready(m)
+        effect.hold = p not in effect.release
+        return effect
+
+    def _complete_if_ready(self, m: Membership) -> Effect:
+        r, barrier = self.round, required(m)
+        if r is None or len(workers(r) & barrier) < max(1, len(barrier) - self.s.backup_workers):
+            return Effect()
+        return self._complete()
+
+    def _complete(self) -> Effect:
+        r, self.round = self.round, None
+        return Effect(apply=[Update(r)], release=list(r.members)) if r else Effect()
+
+    def busy(self) -> bool:
+        return self.round is not None
+
+    def drain(self, m: Membership, now: float) -> Effect:
+        return self._complete()
+
+    def on_membership(self, m: Membership, now: float) -> Effect:
+        return self._complete_if_ready(m)
+
+    def next_timer(self, m: Membership) -> float | None:
+        return self.round.started + self.s.deadline_s if self.round else None
+
+    def on_timer(self, m: Membership, now: float) -> Effect:
+        r = self.round
+        if r is None or now < r.started + self.s.deadline_s:
+            return Effect()
+        missing = sorted(required(m) - workers(r))
+        effect = self._complete()
+        effect.deactivate = [(w, "bsp_deadline") for w in missing]
+        return effect
+
+    def effective_batch(self, b: Batches) -> float:
+        measured = b.step_samples if self.time_budget_s else None
+        per = [measured] * b.num_workers if measured is not None else per_worker(b, self.s.batch)
+        return sum(per) * (b.num_workers - self.s.backup_workers) / b.num_workers
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"joins": sorted(self.joins), "round": aggregate_state(self.round)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.joins, self.round = set(d["joins"]), aggregate_from(d["round"])
+
+
+def _damped(s: Settings, p: Push) -> Update:
+    """A single push as an update, with lr / (1 + staleness) if ``staleness_lr``."""
+    return Update(Aggregate(started=p.arrived, members=[p], grad=p.grad, samples=p.samples),
+                  1.0 / (1 + p.staleness) if s.staleness_lr else 1.0)
+
+
+class OnArrival(SyncProtocol):
+    names = ("asp",)
+    asynchronous = True
+
+    def admit(self, p: Push, m: Membership, now: float) -> Effect:
+        return Effect(apply=[_damped(self.s, p)], release=[p])
+
+    def effective_batch(self, b: Batches) -> float:
+        per = per_worker(b, self.s.batch)
+        return sum(per) / len(per)
+
+
+class Bounded(SyncProtocol):
+    names = ("ssp",)
+    asynchronous = True
+
+    def __init__(self, s: Settings, recycle: Recycle) -> None:
+        super().__init__(s, recycle)
+        self.clocks: dict[int, int] = {}
+        self.held: list[Push] = []
+
+    def enter(self, previous: SyncProtocol | None, m: Membership, now: float) -> None:
+        self.clocks = dict.fromkeys(m.registered, 0)
+
+    def admit(self, p: Push, m: Membership, now: float) -> Effect:
+        self.clocks[p.worker] = self.clocks.get(p.worker, self._slowest(m)) + 1
+        effect = self._release(m)
+        effect.apply = [_damped(self.s, p)]
+        effect.hold = bool(self._laggards(p.worker, m))
+        if effect.hold:
+            self.held.append(p)
+        else:
+            effect.release.append(p)
+        return effect
+
+    def _slowest(self, m: Membership) -> int:
+        return min((self.clocks.get(w, 0) for w in m.active), default=0)
+
+    def _laggards(self, worker: int, m: Membership) -> list[int]:
+        """Active workers more than ``s`` pushes behind ``worker``."""
+        mine = self.clocks.get(worker, 0)
+        return [w for w in m.active if mine - self.clocks.get(w, 0) > self.s.staleness]
+
+    def _release(self, m: Membership) -> Effect:
+        free = [p for p in self.held if not self._laggards(p.worker, m)]
+        self.held = [p for p in self.held if p not in free]
+        return Effect(release=free)
+
+    def on_membership(self, m: Membership, now: float) -> Effect:
+        for w in m.active:  # a worker that rejoins starts level with the slowest, never behind it
+            self.clocks.setdefault(w, self._slowest(m))
+        return self._release(m)
+
+    def drain(self, m: Membership, now: float) -> Effect:
+        held, self.held = self.held, []
+        return Effect(release=held)
+
+    def _overdue(self, m: Membership) -> dict[int, float]:
+        """Each laggard holding someone back, with when it misses its deadline."""
+        laggards = {w for p in self.held for w in self._laggards(p.worker, m)}
+        return {w: m.last_seen.get(w, 0.0) + self.s.deadline_s for w in laggards}
+
+    def next_timer(self, m: Membership) -> float | None:
+        return min(self._overdue(m).values(), default=None)
+
+    def on_timer(self, m: Membership, now: float) -> Effect:
+        late = sorted(w for w, t in self._overdue(m).items() if t <= now)
+        return Effect(deactivate=[(w, "ssp_deadline") for w in late])
+
+    def effective_batch(self, b: Batches) -> float:
+        per = per_worker(b, self.s.batch)
+        return sum(per) / len(per)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clocks": {str(w): c for w, c in self.clocks.items()}}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.clocks = {int(w): int(c) for w, c in d["clocks"].items()}
+
+
+class _Accumulating(SyncProtocol):
+    """Sums pushes as they come, without holding anyone; subclasses decide when the sum is applied."""
+
+    asynchronous = True
+
+    def __init__(self, s: Settings, recycle: Recycle) -> None:
+        super().__init__(s, recycle)
+        self.acc: Aggregate | None = None
+
+    def _take(self, p: Push) -> Aggregate:
+        acc = self.acc = self.acc or Aggregate(started=p.arrived)
+        join(acc, p, self.recycle)
+        return acc
+
+    def _flush(self) -> list[Update]:
+        acc, self.acc = self.acc, None
+        return [Update(acc)] if acc else []
+
+    def drain(self, m: Membership, now: float) -> Effect:
+        return Effect(apply=self._flush())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"acc": aggregate_state(self.acc)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.acc = aggregate_from(d["acc"])
+
+
+class EveryK(_Accumulating):
+    names = ("kasync",)
+
+    def k(self, m: Membership) -> int:
+        return self.s.k or m.num_workers
+
+    def admit(self, p: Push, m: Membership, now: float) -> Effect:
+        full = len(self._take(p).members) >= self.k(m)
+        return Effect(apply=self._flush() if full else [], release=[p])
+
+    def effective_batch(self, b: Batches) -> float:
+        per = per_worker(b, self.s.batch)
+        return (self.s.k or b.num_workers) * sum(per) / len(per)
+
+
+class Windowed(_Accumulating):
+    names = ("timed",)
+
+    def __init__(self, s: Settings, recycle: Recycle) -> None:
+        super().__init__(s, recycle)
+        self.window_end: float | None = None  # None: the window ended empty; the next push closes it
+
+    @property
+    def window_s(self) -> float:
+        return self.s.window_s or 1.0
+
+    def enter(self, previous: SyncProtocol | None, m: Membership, now: float) -> None:
+        self.window_end = now + self.window_s
+
+    def admit(self, p: Push, m: Membership, now: float) -> Effect:
+        self._take(p)
+        if self.window_end is None:  # the window ended with nothing in it: this push closes it
+            self.window_end = now + self.window_s
+            return Effect(apply=self._flush(), release=[p])
+        return Effect(release=[p])
+
+    def next_timer(self, m: Membership) -> float | None:
+        return self.window_end
+
+    def on_timer(self, m: Membership, now: float) -> Effect:
+        if self.window_end is None or now < self.window_end:
+            return Effect()
+        updates = self._flush()
+        self.window_end = now + self.window_s if updates else None
+        return Effect(apply=updates)
+
+    @property
+    def measures_batch(self) -> bool:
+        return True
+
+    def effective_batch(self, b: Batches) -> float:
+        if b.update_samples is not None:
+            return b.update_samples
+        per = per_worker(b, self.s.batch)
+        return sum(per) / len(per)
+
+
+PROTOCOLS: dict[str, type[SyncProtocol]] = {n: cls for cls in (Rounds, OnArrival, Bounded, EveryK, Windowed)
+                                            for n in cls.names}
+"""Every protocol by name: the one list, which config validation uses too."""
+
+
+def make_protocol(s: Settings, recycle: Recycle) -> SyncProtocol:
+    return PROTOCOLS[s.name](s, recycle)

@@ -1,0 +1,1 @@
+"""The packaged studies, one module each over a shared base."""

@@ -1,0 +1,107 @@
+"""A driver of the protocol core for tests: a fake clock, NumPy pushes, plain SGD, no sockets or threads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
+from switchps.policies.base import Policy
+from switchps.ps_server.core import Core
+from switchps.ps_server.events import Action, Apply, Count, Push, Record, Release, SetOptimizer, StepReport
+
+G = np.float32
+
+
+class Harness:
+    """Registers ``workers`` workers and starts training; applies updates as SGD with learning rate 1.
+
+    ``params`` follow every ``Apply`` (ΣG/Σb times the learning-rate factor and scale); ``releases``
+    maps push ids to their ``Release``; every push must end in exactly one release (``check_books``).
+    """
+
+    def __init__(self, workers: int = 3, size: int = 2, protocol: dict[str, Any] | None = None,
+                 train: dict[str, Any] | None = None, policy: Policy | None = None, every_k: int = 10,
+                 on_switch: dict[str, Any] | None = None, momentum: float = 0.0, start: bool = True) -> None:
+        self.now = 100.0
+        self.recycled: list[np.ndarray] = []
+        self.core = Core(ProtocolSpec(**{"name": "bsp", "batch": 8, **(protocol or {})}),
+                         TrainSpec(**(train or {"steps": 10_000})), workers,
+                         startup_timeout_s=5.0, on_switch=SwitchSpec(**(on_switch or {})), momentum=momentum,
+                         policy=policy, every_k=every_k, recycle=self.recycled.append)
+        self.params = np.zeros(size, np.float64)
+        self.lr_scale, self.momentum = 1.0, momentum
+        self.applied: list[Apply] = []
+        self.releases: dict[int, Release] = {}
+        self.records: list[Record] = []
+        self.counts: Counter[str] = Counter()
+        self.pushed: dict[int, int] = {}  # push id -> samples
+        self._ids = 0
+        if start:
+            for w in range(workers):
+                self.run(self.core.register(w, 100, self.now))
+            self.run(self.core.initialized_at(self.now))
+            for w in range(workers):
+                self.core.work_order(w)  # the first pull: each worker learns its budget
+
+    def run(self, actions: list[Action]) -> None:
+        for a in actions:
+            if isinstance(a, Apply):
+                grad = a.aggregate.grad
+                assert grad is not None
+                self.params -= self.lr_scale * a.lr_factor * grad.astype(np.float64) / a.aggregate.samples
+                self.applied.append(a)
+            elif isinstance(a, Release):
+                assert a.push_id not in self.releases, f"push {a.push_id} released twice"
+                self.releases[a.push_id] = a
+            elif isinstance(a, SetOptimizer):
+                self.lr_scale = a.lr_scale
+                self.momentum = a.momentum if a.momentum is not None else self.momentum
+            elif isinstance(a, Record):
+                self.records.append(a)
+            elif isinstance(a, Count):
+                self.counts[f"{a.what}:{a.reason}" if a.reason else a.what] += 1
+
+    def push(self, worker: int, value: float | list[float], samples: int = 1, base: int | None = None,
+             report: StepReport = StepReport()) -> int:
+        """Push ``value`` (the summed gradient) from ``worker``; returns the push id."""
+        self._ids += 1
+        grad = np.array(np.broadcast_to(np.asarray(value, G), self.params.shape), G)
+        version = self.core.version if base is None else base
+        self.core.check_push(worker, samples, version)
+        p = Push(self._ids, worker, version, samples, grad, 0.0, self.now)
+        self.pushed[p.id] = samples
+        self.run(self.core.push(p, report, self.now))
+        return p.id
+
+    def released(self, push_id: int) -> bool:
+        return push_id in self.releases
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass, firing the core's timers when they are due."""
+        end = self.now + seconds
+        while (t := self.core.next_timer()) is not None and t <= end:
+            self.now = max(self.now, t)
+            self.run(self.core.timer(self.now))
+        self.now = end
+
+    def switch(self, **fields: Any) -> None:
+        spec = ProtocolSpec.model_validate({**self.core.spec.model_dump(), **fields})
+        self.run(self.core.switch(spec, "test", "manual", self.now))
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [r.fields for r in self.records if r.event == name]
+
+    def protocols_applied(self) -> list[str]:
+        return [a.protocol for a in self.applied]
+
+    def check_books(self) -> None:
+        """Nothing lost, nothing twice: every push released once, and applied at most once."""
+        assert set(self.releases) == set(self.pushed), "every push gets exactly one reply"
+        members = [id(m) for a in self.applied for m in a.aggregate.members]
+        assert len(members) == len(set(members)), "no push is applied twice"
+        applied = sum(a.aggregate.samples for a in self.applied)
+        dropped = sum(self.pushed[i] for i, r in self.releases.items() if not r.outcome.applied)
+        assert applied + dropped == sum(self.pushed.values()), "every sample applied once or counted dropped"

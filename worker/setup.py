@@ -1,0 +1,26 @@
+"""What every TensorFlow role does first: limit TF's threads, load the data, build the model."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from switchps.config import RunConfig
+from switchps.worker.data import Dataset, load_dataset
+from switchps.worker.models import build_model
+
+
+def configure_threads(intra_op: int, inter_op: int) -> None:
+    """Limit TF's thread pools (must run before TF executes any op)."""
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+
+
+def prepare(cfg: RunConfig) -> tuple[Dataset, keras.Model]:
+    """The run's dataset and its model, seeded, with TF limited to the configured threads."""
+    configure_threads(cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads)
+    d = cfg.data
+    data = load_dataset(d.name, path=d.path, seed=cfg.seed, test_fraction=d.test_fraction,
+                        num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes)
+    model = build_model(cfg.model.name, data.input_shape, data.num_classes, seed=cfg.seed, **cfg.model.kwargs)
+    return data, model
