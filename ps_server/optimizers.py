@@ -158,15 +158,13 @@ class Optimizer:
         return d
 
     def load_state_dict(self, d: dict[str, np.ndarray | int | float]) -> None:
-        """Restore a :meth:`state_dict`; its hyper-parameters must equal this optimizer's."""
+        """Restore a :meth:`state_dict`, hyper-parameters included (a switch may have changed momentum)."""
         expected = {*self.state, *(f"hyper.{key}" for key in self.hyper), "iterations", "lr_scale"}
         if set(d) != expected:
             raise ValueError(f"{self.name}: state keys {sorted(d)} != expected {sorted(expected)}")
-        for key, value in self.hyper.items():
-            if float(d[f"hyper.{key}"]) != value:
-                raise ValueError(
-                    f"{self.name}: checkpoint has hyper.{key}={d[f'hyper.{key}']}, optimizer has {value}"
-                )
+        for key in self.hyper:
+            self.hyper[key] = float(d[f"hyper.{key}"])
+        self._validate()
         for key, arr in self.state.items():
             src = np.asarray(d[key])
             if src.shape != arr.shape:

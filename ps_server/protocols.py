@@ -104,6 +104,10 @@ class SyncProtocol(ABC):
         """Whether a switch must wait (a round in flight completes first)."""
         return False
 
+    def waiting(self) -> list[Push]:
+        """The admitted pushes whose pushers still wait for a reply."""
+        return []
+
     def drain(self, m: Membership, now: float) -> Effect:
         """Leave force or end training: apply what is pending and release whoever waits."""
         return Effect()
@@ -183,6 +187,9 @@ class Rounds(SyncProtocol):
 
     def busy(self) -> bool:
         return self.round is not None
+
+    def waiting(self) -> list[Push]:
+        return list(self.round.members) if self.round else []
 
     def drain(self, m: Membership, now: float) -> Effect:
         return self._complete()
@@ -276,6 +283,9 @@ class Bounded(SyncProtocol):
     def drain(self, m: Membership, now: float) -> Effect:
         held, self.held = self.held, []
         return Effect(release=held)
+
+    def waiting(self) -> list[Push]:
+        return list(self.held)
 
     def _overdue(self, m: Membership) -> dict[int, float]:
         """Each laggard holding someone back, with when it misses its deadline."""
