@@ -115,14 +115,25 @@ def _status(client: PSClient):  # noqa: ANN202 - pb.Status or None
 def _kill(launcher: subprocess.Popen, role: str, rng: random.Random) -> int:
     """SIGKILL one child of the launcher in ``role``; returns its worker index (-1 for the PS)."""
     while launcher.poll() is None:
-        found = [(p, p.cmdline()) for p in psutil.Process(launcher.pid).children() if p.is_running()]
-        found = [(p, c) for p, c in found if len(c) > 3 and c[3] == role]
+        found = [(p, c) for p, c in _children(launcher) if len(c) > 3 and c[3] == role]
         if found:
             proc, cmd = rng.choice(found)
             proc.kill()
             return int(cmd[cmd.index("--index") + 1]) if role == "worker" else -1
         time.sleep(0.05)
     return -2
+
+
+def _children(launcher: subprocess.Popen) -> list[tuple[psutil.Process, list[str]]]:
+    """The launcher's live children with their command lines (not the killed ones not yet reaped)."""
+    out = []
+    for p in psutil.Process(launcher.pid).children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append((p, p.cmdline()))
+        except psutil.Error:
+            pass
+    return out
 
 
 def _first_update_after(launcher: subprocess.Popen, client: PSClient, killed_at: float) -> float:

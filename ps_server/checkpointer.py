@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -49,10 +50,11 @@ class CheckpointStats:
     write_s: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        def worst(xs: list[float]) -> float | None:
-            return round(max(xs), 4) if xs else None
+        def stat(f: Callable[[list[float]], float], xs: list[float]) -> float | None:
+            return round(f(xs), 4) if xs else None
         return {"written": self.written, "deferred": self.deferred, "failed": self.failed,
-                "max_held_s": worst(self.held_s), "max_write_s": worst(self.write_s)}
+                "median_held_s": stat(statistics.median, self.held_s), "max_held_s": stat(max, self.held_s),
+                "median_write_s": stat(statistics.median, self.write_s), "max_write_s": stat(max, self.write_s)}
 
 
 class Checkpointer:
@@ -63,7 +65,8 @@ class Checkpointer:
         self.stats = CheckpointStats()
         self.last_at, self.last_version = now, -1
         self._in_flight = False  # guarded by ``_idle``: set by ``take``, cleared by the writer
-        self._jobs: queue.SimpleQueue[tuple[int, dict[str, Any]] | None] = queue.SimpleQueue()
+        self._buffers: dict[str, np.ndarray] = {}  # the applier writes them, then the writer reads them
+        self._jobs: queue.SimpleQueue[tuple[int, dict[str, Any], Callable[[], None]] | None] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._writer = threading.Thread(target=self._write_loop, name="switchps-checkpoint", daemon=True)
         self._writer.start()
@@ -96,12 +99,23 @@ class Checkpointer:
 
         def capture(opt: Optimizer) -> None:  # on the applier: every update up to ``version`` is applied
             t0 = time.perf_counter()
-            state["values"], state["optimizer"] = ps.store.values.copy(), opt.state_dict()
+            state["values"] = self._copy("values", ps.store.values)
+            state["optimizer"] = {k: self._copy(k, v) if isinstance(v, np.ndarray) else v
+                                  for k, v in opt.state_dict(copy=False).items()}
             self.stats.held_s.append(time.perf_counter() - t0)
             state["records"]["rows"]["ps"] = ps.rec.ps_rows()
-            self._jobs.put((version, state))
+            self._jobs.put((version, state, ps.rec.flush))
 
         ps.store.control(capture)
+
+    def _copy(self, key: str, a: np.ndarray) -> np.ndarray:
+        """``a`` copied into this checkpointer's buffer for ``key``: one warm buffer per array, reused by
+        every checkpoint (at most one is in flight), so the copy never page-faults fresh memory."""
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != a.shape or buf.dtype != a.dtype:
+            buf = self._buffers[key] = np.empty_like(a)
+        np.copyto(buf, a)
+        return buf
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until no checkpoint is in flight."""
@@ -116,9 +130,10 @@ class Checkpointer:
 
     def _write_loop(self) -> None:
         while (job := self._jobs.get()) is not None:
-            version, state = job
+            version, state, flush_records = job
             t0 = time.perf_counter()
             try:
+                flush_records()  # the rows the checkpoint counts are in the files before it can be read
                 path = checkpoint.write(self.directory, version, state)
                 checkpoint.prune(self.directory, self.spec.keep)
                 self.stats.written += 1

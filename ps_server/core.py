@@ -254,7 +254,7 @@ class Core:
         """A push sent again: it takes the original's place if that still waits, else it is a duplicate."""
         original = next((w for w in self.protocol.waiting() if (w.worker, w.step) == (p.worker, p.step)), None)
         if original is None:
-            self._drop(p, "duplicate")
+            self._drop(p, "repeated")
         else:
             original.id = p.id
             self.recycle(p.grad)

@@ -115,10 +115,13 @@ def _note_resume(ps: ParameterServer, ckpt: Checkpoint) -> None:
     """Record what the crash lost: at least the updates recorded after the checkpoint (their rows moved
     to ps.lost.csv; the last half second before a crash may not have reached the disk)."""
     versions = [int(row[PS_COLUMNS.index("version")]) for row in ps.rec.ps.lost]
+    if ps.core.started_at is not None:
+        ps.rec.start(ps.core.started_at)
     ps.rec.count("resumes")
     ps.rec.event("resumed", version=ckpt.version, checkpoint=ckpt.path.name,
                  checkpoint_age_s=round(time.time() - ckpt.state["saved_at"], 3),
                  lost_updates=max(versions, default=ckpt.version) - ckpt.version)
+    ps.rec.flush()  # on disk at once: another crash right after the restart must not lose it
     log.info("resumed from %s at version %d", ckpt.path.name, ckpt.version)
 
 

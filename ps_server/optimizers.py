@@ -149,10 +149,10 @@ class Optimizer:
             if key in self.state:
                 np.multiply(self.state[key], _f32(factor), out=self.state[key])
 
-    def state_dict(self) -> dict[str, np.ndarray | int | float]:
-        """Checkpoint: copies of the state arrays (keyed by slot name), ``iterations``,
-        ``lr_scale`` and the hyper-parameters (keyed ``hyper.<name>``)."""
-        d: dict[str, np.ndarray | int | float] = {key: arr.copy() for key, arr in self.state.items()}
+    def state_dict(self, copy: bool = True) -> dict[str, np.ndarray | int | float]:
+        """Checkpoint: the state arrays (keyed by slot name; copies unless ``copy`` is False),
+        ``iterations``, ``lr_scale`` and the hyper-parameters (keyed ``hyper.<name>``)."""
+        d: dict[str, np.ndarray | int | float] = {key: arr.copy() if copy else arr for key, arr in self.state.items()}
         d.update({f"hyper.{key}": value for key, value in self.hyper.items()})
         d.update(iterations=self.iterations, lr_scale=self.lr_scale)
         return d

@@ -104,6 +104,7 @@ class LiveCluster:
     def ps_rows(self) -> list[dict]:
         import csv
 
+        self.store.wait_idle(10)  # every update the core made is applied and its row recorded
         self.rec.flush()
         with (self.run_dir / "ps.csv").open() as f:
             return list(csv.DictReader(f))

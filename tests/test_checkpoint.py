@@ -62,7 +62,9 @@ def saved_and_loaded(h: Harness, tmp_path) -> Harness:
     checkpoint.write(tmp_path, h.core.version, {"core": h.core.state_dict(h.now)})
     back = Harness(workers=len(h.core.members.registered), start=False)
     back.now = h.now + 50.0  # the restart took a while
-    back.core.load_state_dict(checkpoint.latest(tmp_path).state["core"], back.now)
+    ck = checkpoint.latest(tmp_path)
+    assert ck is not None
+    back.core.load_state_dict(ck.state["core"], back.now)
     back.params = h.params.copy()
     back._ids = 1000
     return back
@@ -98,7 +100,7 @@ def test_a_retry_of_an_applied_push_is_dropped_and_a_push_on_a_lost_version_too(
     push(h, 1, 1.0, step=0)
     back = saved_and_loaded(h, tmp_path)
     dup = push(back, 0, 1.0, step=0)  # applied before the checkpoint: the model has it already
-    assert back.releases[dup].outcome.note == "dropped: duplicate" and back.core.version == 2
+    assert back.releases[dup].outcome.note == "dropped: repeated" and back.core.version == 2
     back.core.check_push(1, 1, base_version=5)  # computed on version 5, lost in the crash: not invalid...
     lost = push(back, 1, 1.0, step=3, base=5)
     assert back.releases[lost].outcome.note == "dropped: lost_version" and back.core.version == 2  # ...dropped
@@ -106,7 +108,7 @@ def test_a_retry_of_an_applied_push_is_dropped_and_a_push_on_a_lost_version_too(
     assert back.releases[fresh].outcome.applied and back.core.version == 3
     new_session = push(back, 1, 1.0, step=0, session=2)  # a restarted worker process numbers from 0 again
     assert back.releases[new_session].outcome.applied
-    assert back.counts["dropped:duplicate"] == 1 and back.counts["dropped:lost_version"] == 1
+    assert back.counts["dropped:repeated"] == 1 and back.counts["dropped:lost_version"] == 1
 
 
 def test_the_core_state_round_trips_exactly(tmp_path):

@@ -69,7 +69,7 @@ def test_resume_continues_the_version_numbering_the_model_and_the_records(tmp_pa
         retry = b.workers[0].push(np.ones(SIZE), 1, base_version=4, session=11, step=4)  # lost with v5: again
         assert retry.reply.applied and b.core.version == 5
         dup = b.workers[0].push(np.ones(SIZE), 1, base_version=3, session=11, step=3)  # in the checkpoint
-        assert not dup.reply.applied and dup.reply.note == "dropped: duplicate" and b.core.version == 5
+        assert not dup.reply.applied and dup.reply.note == "dropped: repeated" and b.core.version == 5
         b.ps.store.wait_idle(10)
         b.rec.flush()
         assert ps_versions(tmp_path) == [1, 2, 3, 4, 5]
@@ -100,10 +100,10 @@ def test_a_retried_push_is_applied_once(cluster_factory):
     c = cluster_factory(workers=2, size=SIZE, protocol=ASP)
     first = c.workers[0].push(np.ones(SIZE), 1, session=7, step=0)
     again = c.workers[0].push(np.ones(SIZE), 1, base_version=0, session=7, step=0)  # its reply was lost
-    assert first.reply.applied and not again.reply.applied and again.reply.note == "dropped: duplicate"
+    assert first.reply.applied and not again.reply.applied and again.reply.note == "dropped: repeated"
     assert c.core.version == 1 and again.order.version == 1, "the retry gets the current model"
     np.testing.assert_array_equal(c.params, np.full(SIZE, -1.0, np.float32))
-    assert c.rec.reasons["dropped:duplicate"] == 1
+    assert c.rec.reasons["dropped:repeated"] == 1
 
 
 def test_a_new_ps_refuses_a_run_directory_that_holds_a_run(tmp_path):
@@ -126,7 +126,7 @@ def _ps_process(launcher: psutil.Process) -> psutil.Process | None:
         try:
             if p.cmdline()[3:4] == ["ps"]:
                 return p
-        except psutil.NoSuchProcess:
+        except psutil.Error:  # gone, or a zombie
             pass
     return None
 
@@ -180,3 +180,15 @@ def test_export_names_the_checkpoints_kept_when_asked_for_another(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == \
         f"switchps: {tmp_path}: no readable checkpoint of version 3 (versions kept: 4, 2)"
 
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resume", "{tmp}/nowhere"], "switchps: {tmp}/nowhere is not a run directory (no config.yaml)"),
+    ([str(CONFIGS / "asp.yaml"), "--resume", "{tmp}"],
+     "switchps: config error: run: give a config or --resume RUN_DIR (which holds its config), not both"),
+])
+def test_run_resume_mistakes_are_one_line_before_any_process_starts(tmp_path, args, message):
+    proc = subprocess.run([SWITCHPS, "run", *[a.format(tmp=tmp_path) for a in args]], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [message.format(tmp=tmp_path)]
+    assert not (tmp_path / "runs").exists()
