@@ -238,7 +238,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--min-fraction", type=float, default=1 / 64, help="stop halving below this")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_tune_switch)
-    st = sub.add_parser("study", help="run a packaged study (amb-vs-fmb, sync-switch, dynamic-batching)")
+    _study_parser(sub.add_parser("study", help="run a packaged study (amb-vs-fmb, sync-switch, dynamic-batching)"))
+    return p
+
+
+def _study_parser(st: argparse.ArgumentParser) -> None:
     st.add_argument("name", choices=["amb-vs-fmb", "sync-switch", "dynamic-batching"])
     st.add_argument("--out", help="directory for the runs, the figure and study.json (default runs/<study>)")
     st.add_argument("--bsp-fraction", type=float, help="sync-switch: the hybrid's BSP share (default 0.125)")
@@ -256,7 +260,6 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--target", type=float, help="target test accuracy (default 0.9)")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=cmd_study)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
