@@ -5,7 +5,7 @@ loopback) for a fixed wall time and reads the run record. For reference, TF2
 ParameterServerStrategy did 328 steps/s for the same model on this kind of
 machine (see REFERENCE.md). Prints JSON.
 
-    python bench/steps.py [--seconds 20] [--batch 32]
+    python bench/steps.py [--seconds 20] [--batch 32] [--checkpoint-every-s 5 | --no-checkpoint]
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--checkpoint-every-s", type=float, default=30.0, help="the PS's checkpoint interval")
+    ap.add_argument("--no-checkpoint", action="store_true", help="no checkpoints at all")
     args = ap.parse_args()
     out = tempfile.mkdtemp(prefix="switchps-steps-")
     cfg = parse_config({
@@ -38,6 +40,7 @@ def main() -> None:
         "train": {"seconds": args.seconds},
         "eval": {"every_s": 5.0},
         "output": {"dir": out},
+        "checkpoint": {"every_s": None if args.no_checkpoint else args.checkpoint_every_s},
     })
     run_dir, summary = launch(cfg, quiet=True)
     with (run_dir / "workers.csv").open() as f:
@@ -50,7 +53,8 @@ def main() -> None:
         "steps_per_s": round(steps_per_s, 1),
         "vs_tf2_parameter_server_strategy": round(steps_per_s / TF2_PS_STRATEGY_STEPS_PER_S, 2),
         "worker_compute_ms": round(1e3 * mean("compute_s"), 3), "worker_round_trip_ms": round(1e3 * mean("send_s"), 3),
-        "final_test_accuracy": summary["final_test_accuracy"], "run_dir": str(run_dir),
+        "final_test_accuracy": summary["final_test_accuracy"], "checkpoints": summary["checkpoints"],
+        "run_dir": str(run_dir),
     }, indent=2))
 
 

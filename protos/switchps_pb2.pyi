@@ -85,20 +85,22 @@ class StepStats(_message.Message):
     def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., delay_sleep_s: _Optional[float] = ..., delay_factor: _Optional[float] = ..., delay_comm_s: _Optional[float] = ..., batch_exhausted: _Optional[bool] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats")
+    __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats", "session")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     worker: int
     base_version: int
     samples: int
     layout_digest: str
     nbytes: int
     stats: StepStats
-    def __init__(self, worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[StepStats, _Mapping]] = ...) -> None: ...
+    session: int
+    def __init__(self, worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[StepStats, _Mapping]] = ..., session: _Optional[int] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("order", "applied", "note", "staleness", "wait_s", "nbytes")

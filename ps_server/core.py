@@ -22,13 +22,14 @@ from pydantic import ValidationError
 
 from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import ClusterView, Decision, Policy
-from switchps.ps_server import observer
+from switchps.ps_server import core_state, observer
 from switchps.ps_server.events import (
     Action, Apply, Batches, Count, Effect, Membership, Outcome, Push, Record, Recycle, Release, SetOptimizer,
     StepReport, Update, WorkOrder, invalid, load_membership, membership_state, precondition,
 )
 from switchps.ps_server.overhead import SwitchRecord
 from switchps.ps_server.protocols import PROTOCOLS, make_protocol
+from switchps.ps_server.receipts import Receipts
 from switchps.ps_server.rescale import rescaled
 
 MAX_SHARD_SIZE = 2**40
@@ -50,6 +51,8 @@ class Core:
         self.policy, self.every_k = policy, every_k
         self.recent = observer.Recent(window, 2 * num_workers)
         self.version = self.samples = 0
+        self.receipts = Receipts()
+        self.resumed = False  # loaded from a checkpoint: pushes may name versions lost in the crash
         self.lr_scale = 1.0
         self.initialized = False
         self.first_register: float | None = None
@@ -106,17 +109,20 @@ class Core:
         if not 0 < samples <= budget:
             raise invalid("samples", f"sample count {samples} is not in [1, {budget}], the largest budget "
                                      "this worker was given")
-        if not 0 <= base_version <= self.version:
+        if base_version < 0 or (base_version > self.version and not self.resumed):
             raise invalid("version", f"base version {base_version} is not in [0, {self.version}]")
 
     def push(self, p: Push, report: StepReport, now: float) -> list[Action]:
         """A validated push arrived (the core owns its buffer from here on)."""
         m = self.members
         m.last_seen[p.worker] = now
+        if self.receipts.seen(p):
+            return self._retried(p)
+        self.receipts.note(p)
         self._note_step(p, report)
         p.staleness = self.version - p.base_version
-        if self.done:
-            self._drop(p, "finished")
+        if self.done or p.staleness < 0:  # < 0: computed on a version lost in a crash
+            self._drop(p, "finished" if self.done else "lost_version")
             return self._flush()
         if p.worker not in m.active:
             self._activate(p.worker, "worker_rejoined", now)
@@ -193,37 +199,12 @@ class Core:
 
     def state_dict(self, now: float) -> dict[str, Any]:
         """Everything the core and its policy hold, as plain data, with times relative to ``now``."""
-        return {
-            "spec": self.spec.model_dump(), "protocol": self.protocol.state_dict(),
-            "members": membership_state(self.members),
-            "version": self.version, "samples": self.samples,
-            "batches": {str(w): b for w, b in self.batches.items()},
-            "issued": {str(w): b for w, b in self.issued.items()},
-            "lr_scale": self.lr_scale, "momentum": self.momentum, "since": self._since,
-            "initialized": self.initialized, "finished": self.done,
-            "elapsed_s": None if self.started_at is None else now - self.started_at,
-            "recent": observer.state(self.recent),
-            "policy": None if self.policy is None else self.policy.state_dict(),
-        }
+        return core_state.save(self, now)
 
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         """Continue from ``state_dict``'s data at time ``now``."""
-        load_membership(self.members, d["members"], now)
-        self.spec = ProtocolSpec.model_validate(d["spec"])
-        self.protocol = make_protocol(self.spec, self.recycle)
-        self.protocol.enter(None, self.members, now)
-        self.protocol.load_state_dict(d["protocol"])
-        self.version, self.samples = d["version"], d["samples"]
-        self.batches = {int(w): b for w, b in d["batches"].items()}
-        self.issued = {int(w): b for w, b in d["issued"].items()}
-        self.lr_scale, self.momentum, self._since = d["lr_scale"], d["momentum"], d["since"]
-        self.initialized = d["initialized"]
-        self.started_at = None if d["elapsed_s"] is None else now - d["elapsed_s"]
-        self.first_register = self.started_at
-        self.finished_at = now if d["finished"] else None
-        observer.restore(self.recent, d["recent"])
-        if self.policy is not None and d["policy"] is not None:
-            self.policy.load_state_dict(d["policy"])
+        core_state.load(self, d, now)
+
 
     # ---- running effects ----------------------------------------------------------------------
 
@@ -268,6 +249,17 @@ class Core:
                                               "version": self.version, "reason": reason})]
         self.recycle(p.grad)
         self._replies.append((p, Outcome(False, p.staleness, 0.0, f"dropped: {reason}")))
+
+    def _retried(self, p: Push) -> list[Action]:
+        """A push sent again: it takes the original's place if that still waits, else it is a duplicate."""
+        original = next((w for w in self.protocol.waiting() if (w.worker, w.step) == (p.worker, p.step)), None)
+        if original is None:
+            self._drop(p, "repeated")
+        else:
+            original.id = p.id
+            self.recycle(p.grad)
+            self._out.append(Record("push_retried", {"worker": p.worker, "step": p.step, "version": self.version}))
+        return self._flush()
 
     def _note_step(self, p: Push, report: StepReport) -> None:
         r = self.recent

@@ -33,6 +33,9 @@ class Push:
     arrived: float
     staleness: int = 0
     """Versions applied since ``base_version``, set by the core when the push arrives."""
+    step: int = 0
+    session: int = 0
+    """With ``worker`` and ``step``, the push's name: a retry carries the same name."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,8 @@ def aggregate_state(a: Aggregate | None) -> dict[str, Any] | None:
         return None
     return {"started": a.started, "grad": a.grad,
             "members": [{"worker": p.worker, "base_version": p.base_version, "samples": p.samples,
-                         "loss_sum": p.loss_sum, "staleness": p.staleness} for p in a.members]}
+                         "loss_sum": p.loss_sum, "staleness": p.staleness, "step": p.step, "session": p.session}
+                        for p in a.members]}
 
 
 def aggregate_from(d: dict[str, Any] | None) -> Aggregate | None:
@@ -226,5 +230,5 @@ def aggregate_from(d: dict[str, Any] | None) -> Aggregate | None:
     if d is None:
         return None
     members = [Push(-1, m["worker"], m["base_version"], m["samples"], d["grad"], m["loss_sum"], d["started"],
-                    m["staleness"]) for m in d["members"]]
+                    m["staleness"], m["step"], m["session"]) for m in d["members"]]
     return Aggregate(started=d["started"], members=members, grad=d["grad"], samples=sum(m.samples for m in members))

@@ -10,19 +10,25 @@ from typing import Any, Callable
 from prometheus_client import start_http_server
 
 from switchps.config import RunConfig
+from switchps.errors import RunDirError
 from switchps.policies.registry import make_policy
+from switchps.ps_server import checkpoint
+from switchps.ps_server.checkpoint import Checkpoint
+from switchps.ps_server.checkpointer import Checkpointer, restore
 from switchps.ps_server.core import Core
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import Optimizer, configured_momentum, make_optimizer
 from switchps.ps_server.overhead import switch_overheads
-from switchps.ps_server.records import RunRecorder
+from switchps.ps_server.records import PS_COLUMNS, RunRecorder
 from switchps.ps_server.schedules import make_schedule
 from switchps.ps_server.server import Server
 from switchps.ps_server.service import ParameterServer
 
 log = logging.getLogger("switchps.ps")
 STOP_GRACE_S = 15.0
+RECORD_FILES = ("ps.csv", "events.jsonl", "summary.json", "checkpoints")
+"""A directory holding any of these holds a run, which a new PS must not overwrite."""
 
 
 def optimizer_factory(cfg: RunConfig) -> Callable[[int], Optimizer]:
@@ -32,8 +38,9 @@ def optimizer_factory(cfg: RunConfig) -> Callable[[int], Optimizer]:
     return lambda size: make_optimizer(o.name, size, schedule, **o.params)
 
 
-def build_ps(cfg: RunConfig, run_dir: Path) -> ParameterServer:
-    """The PS for ``cfg``: a core, a model store and a run record, driven by the gRPC service."""
+def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) -> ParameterServer:
+    """The PS for ``cfg``: a core, a model store and a run record, driven by the gRPC service; with
+    ``resume``, continued from that checkpoint."""
     store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes)
     p = cfg.policy
     core = Core(cfg.protocol, cfg.train, cfg.cluster.num_workers, startup_timeout_s=cfg.cluster.startup_timeout_s,
@@ -41,15 +48,51 @@ def build_ps(cfg: RunConfig, run_dir: Path) -> ParameterServer:
                 policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window,
                 recycle=store.recycle)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
-    return ParameterServer(core, store, RunRecorder(run_dir, trace=cfg.stragglers.active), link,
-                           cfg.runtime.receive_timeout_s, int(cfg.runtime.max_model_mb * 2**20))
+    rec = RunRecorder(run_dir, trace=cfg.stragglers.active, resume=resume.state["records"] if resume else None)
+    ps = ParameterServer(core, store, rec, link, cfg.runtime.receive_timeout_s,
+                         int(cfg.runtime.max_model_mb * 2**20))
+    if resume is not None:
+        restore(ps, resume, time.monotonic())
+        _note_resume(ps, resume)
+    ck = cfg.checkpoint
+    if ck.every_s or ck.every_updates:
+        ps.checkpointer = Checkpointer(run_dir / "checkpoints", ck, time.monotonic())
+        if resume is not None:
+            ps.checkpointer.last_version = resume.version
+    return ps
 
 
-def run_ps(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
-    """Serve until training ends and the final evaluation is in; write and return the summary."""
+def check_resumable(run_dir: Path) -> Checkpoint | None:
+    """The checkpoint to resume ``run_dir`` from; None if the run never started training (no checkpoint,
+    no update recorded), which then starts afresh. Raises ``RunDirError`` for anything else."""
+    if not (run_dir / "config.yaml").is_file():
+        raise RunDirError(f"{run_dir} is not a run directory (no config.yaml)")
+    ckpt = checkpoint.latest(run_dir / "checkpoints")
+    ps_csv = run_dir / "ps.csv"
+    if ckpt is None and (checkpoint.files(run_dir / "checkpoints") or
+                         (ps_csv.exists() and len(ps_csv.read_text().splitlines()) > 1)):
+        raise RunDirError(f"{run_dir} has no readable checkpoint to resume from")
+    return ckpt
+
+
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> Checkpoint | None:
+    """A new run directory (refusing to reuse one that holds a run), or the checkpoint to resume from."""
+    if resume:
+        ckpt = check_resumable(run_dir)
+        if ckpt is not None:
+            return ckpt
+    elif any((run_dir / name).exists() for name in RECORD_FILES):
+        raise RunDirError(f"{run_dir} already holds a run; resume it with --resume {run_dir}, "
+                          "or choose another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(cfg.dump())
-    ps = build_ps(cfg, run_dir)
+    return None
+
+
+def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+    """Serve until training ends and the final evaluation is in; write and return the summary."""
+    ckpt = prepare_run_dir(cfg, run_dir, resume)
+    ps = build_ps(cfg, run_dir, ckpt)
     server = Server(ps, cfg.cluster.ps)
     if cfg.runtime.metrics_port is not None:
         start_http_server(cfg.runtime.metrics_port)
@@ -61,7 +104,25 @@ def run_ps(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
     finally:
         server.stop(grace=1.0)
     ps.store.wait_idle(timeout=60)  # every queued update applied and recorded
+    if ps.checkpointer is not None:  # the final state, for export and for a resume that only evaluates
+        ps.checkpointer.wait(60)
+        ps.checkpointer.take(ps, time.monotonic())
+        ps.checkpointer.close(120)
     return ps.rec.close(_summary(cfg, ps))
+
+
+def _note_resume(ps: ParameterServer, ckpt: Checkpoint) -> None:
+    """Record what the crash lost: at least the updates recorded after the checkpoint (their rows moved
+    to ps.lost.csv; the last half second before a crash may not have reached the disk)."""
+    versions = [int(row[PS_COLUMNS.index("version")]) for row in ps.rec.ps.lost]
+    if ps.core.started_at is not None:
+        ps.rec.start(ps.core.started_at)
+    ps.rec.count("resumes")
+    ps.rec.event("resumed", version=ckpt.version, checkpoint=ckpt.path.name,
+                 checkpoint_age_s=round(time.time() - ckpt.state["saved_at"], 3),
+                 lost_updates=max(versions, default=ckpt.version) - ckpt.version)
+    ps.rec.flush()  # on disk at once: another crash right after the restart must not lose it
+    log.info("resumed from %s at version %d", ckpt.path.name, ckpt.version)
 
 
 def _summary(cfg: RunConfig, ps: ParameterServer) -> dict[str, Any]:
@@ -93,6 +154,8 @@ def _summary(cfg: RunConfig, ps: ParameterServer) -> dict[str, Any]:
         "policy": cfg.policy.name,
         "switches": len(core.switches),
         "switch_overhead_s": _overhead_summary(switch_overheads(core.switches, core.update_times)),
+        "checkpoints": ps.checkpointer.stats.summary() if ps.checkpointer else None,
+        "resumes": rec.counts["resumes"],
     }
 
 

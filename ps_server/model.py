@@ -191,6 +191,12 @@ class ModelStore:
             self._latest = Snapshot.of(self.version, values, self.chunk_bytes)
             self.initialized = True
 
+    def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int) -> None:
+        """Continue from a checkpoint: its values, optimizer state and version (before serving)."""
+        self.version = version
+        self.initialize(layout, values)
+        self.optimizer.load_state_dict(optimizer_state)
+
     def submit(self, grad_sum: np.ndarray, samples: int, contributors: int = 1, lr_factor: float = 1.0,
                on_applied: Callable[[float], None] | None = None) -> Snapshot:
         """Queue one update; returns the new version's snapshot at once.

@@ -149,24 +149,22 @@ class Optimizer:
             if key in self.state:
                 np.multiply(self.state[key], _f32(factor), out=self.state[key])
 
-    def state_dict(self) -> dict[str, np.ndarray | int | float]:
-        """Checkpoint: copies of the state arrays (keyed by slot name), ``iterations``,
-        ``lr_scale`` and the hyper-parameters (keyed ``hyper.<name>``)."""
-        d: dict[str, np.ndarray | int | float] = {key: arr.copy() for key, arr in self.state.items()}
+    def state_dict(self, copy: bool = True) -> dict[str, np.ndarray | int | float]:
+        """Checkpoint: the state arrays (keyed by slot name; copies unless ``copy`` is False),
+        ``iterations``, ``lr_scale`` and the hyper-parameters (keyed ``hyper.<name>``)."""
+        d: dict[str, np.ndarray | int | float] = {key: arr.copy() if copy else arr for key, arr in self.state.items()}
         d.update({f"hyper.{key}": value for key, value in self.hyper.items()})
         d.update(iterations=self.iterations, lr_scale=self.lr_scale)
         return d
 
     def load_state_dict(self, d: dict[str, np.ndarray | int | float]) -> None:
-        """Restore a :meth:`state_dict`; its hyper-parameters must equal this optimizer's."""
+        """Restore a :meth:`state_dict`, hyper-parameters included (a switch may have changed momentum)."""
         expected = {*self.state, *(f"hyper.{key}" for key in self.hyper), "iterations", "lr_scale"}
         if set(d) != expected:
             raise ValueError(f"{self.name}: state keys {sorted(d)} != expected {sorted(expected)}")
-        for key, value in self.hyper.items():
-            if float(d[f"hyper.{key}"]) != value:
-                raise ValueError(
-                    f"{self.name}: checkpoint has hyper.{key}={d[f'hyper.{key}']}, optimizer has {value}"
-                )
+        for key in self.hyper:
+            self.hyper[key] = float(d[f"hyper.{key}"])
+        self._validate()
         for key, arr in self.state.items():
             src = np.asarray(d[key])
             if src.shape != arr.shape:

@@ -1,17 +1,14 @@
 """Synchronization protocols as small objects: when a push is applied, and when its pusher hears back.
 
-Each class is one aggregation rule. The core admits a push (with its staleness already set) and the
-protocol answers with an ``Effect``: updates to apply now, held pushes to release, whether this pusher
-waits, or why the push is dropped. Deadlines and windows arrive through ``on_timer``; time is always an
-argument, never read. Like ps-lite's request handlers, the rules differ only in which replies they
-release, and when:
-
+Each class is one aggregation rule. The core admits a push (its staleness set); the protocol answers
+with an ``Effect``: updates to apply now, held pushes to release, whether this pusher waits, or why the
+push is dropped. Deadlines and windows arrive through ``on_timer``; time is an argument, never read.
+Like ps-lite's request handlers, the rules differ only in which replies they release, and when:
 - ``Rounds`` (bsp, fmb, amb): each worker in the barrier pushes once per version; the round, minus
   ``backup_workers`` late pushes, becomes one update and releases everyone. A round older than
   ``deadline_s`` completes without its missing workers. AMB differs only in its work order (T).
-- ``OnArrival`` (asp): every push is one update, at once.
-- ``Bounded`` (ssp): every push is one update, at once; a worker more than ``s`` pushes ahead of the
-  slowest active worker waits.
+- ``OnArrival`` (asp): every push is one update, at once. ``Bounded`` (ssp): the same, but a worker
+  more than ``s`` pushes ahead of the slowest active worker waits.
 - ``EveryK`` (kasync): one update of the first K pushes, whatever their versions; nobody waits.
 - ``Windowed`` (timed): one update of whatever arrived in each ``window_s``, at least one push.
 """
@@ -104,6 +101,9 @@ class SyncProtocol(ABC):
         """Whether a switch must wait (a round in flight completes first)."""
         return False
 
+    def waiting(self) -> list[Push]:
+        return []  # the admitted pushes whose pushers still wait for a reply
+
     def drain(self, m: Membership, now: float) -> Effect:
         """Leave force or end training: apply what is pending and release whoever waits."""
         return Effect()
@@ -183,6 +183,9 @@ class Rounds(SyncProtocol):
 
     def busy(self) -> bool:
         return self.round is not None
+
+    def waiting(self) -> list[Push]:
+        return list(self.round.members) if self.round else []
 
     def drain(self, m: Membership, now: float) -> Effect:
         return self._complete()
@@ -276,6 +279,9 @@ class Bounded(SyncProtocol):
     def drain(self, m: Membership, now: float) -> Effect:
         held, self.held = self.held, []
         return Effect(release=held)
+
+    def waiting(self) -> list[Push]:
+        return list(self.held)
 
     def _overdue(self, m: Membership) -> dict[int, float]:
         """Each laggard holding someone back, with when it misses its deadline."""

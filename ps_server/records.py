@@ -20,7 +20,7 @@ from switchps.jsonfile import dumps, write_json
 from switchps.protos import switchps_pb2 as pb
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
-              "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s")
+              "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s", "pushes")
 WORKER_COLUMNS = ("time_s", "worker", "step", "base_version", "samples", "compute_s", "send_s",
                   "wait_s", "sleep_s", "loss")
 TRACE_COLUMNS = ("worker", "step", "sleep_s", "factor", "comm_s")
@@ -72,13 +72,41 @@ def load_trace(path: str | Path) -> dict[tuple[int, int], StepDelays]:
 
 @dataclass
 class _Table:
+    """One CSV file; ``count`` rows have been appended to it over the whole run."""
+
     path: Path
     columns: tuple[str, ...]
+    keep: int | None = None
+    """Resuming: keep the first ``keep`` rows (those of the checkpoint) and move the rest to
+    ``<name>.lost.csv``: they describe work the crash lost, which is done again."""
     rows: list[tuple] = field(default_factory=list)
+    count: int = 0
+    lost: list[list[str]] = field(default_factory=list)
+    """Resuming: the rows this resume moved out."""
 
     def __post_init__(self) -> None:
-        with self.path.open("w", newline="") as f:
-            csv.writer(f).writerow(self.columns)
+        if self.keep is None or not self.path.exists():
+            with self.path.open("w", newline="") as f:
+                csv.writer(f).writerow(self.columns)
+            return
+        with self.path.open(newline="") as f:
+            lines = list(csv.reader(f))[1:]
+        kept, lost = lines[:self.keep], lines[self.keep:]
+        self.lost = lost
+        if lost:
+            lost_path = self.path.with_suffix(".lost.csv")
+            new = not lost_path.exists()
+            with lost_path.open("a", newline="") as f:
+                csv.writer(f).writerows([list(self.columns)] * new + lost)
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w", newline="") as f:
+            csv.writer(f).writerows([self.columns, *kept])
+        tmp.replace(self.path)
+        self.count = len(kept)
+
+    def append(self, row: tuple) -> None:
+        self.rows.append(row)
+        self.count += 1
 
     def flush(self) -> None:
         rows, self.rows = self.rows, []
@@ -90,29 +118,32 @@ class _Table:
 class RunRecorder:
     """Appends rows and events, counts pushes, and writes ``summary.json``."""
 
-    def __init__(self, run_dir: Path, trace: bool = False, flush_every_s: float = 0.5) -> None:
+    def __init__(self, run_dir: Path, trace: bool = False, flush_every_s: float = 0.5,
+                 resume: dict[str, Any] | None = None) -> None:
+        """``resume``: a ``position`` from a checkpoint; the record continues from there."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.t0: float | None = None  # training start; times in the record count from it
         self._created = time.monotonic()
         self._lock = threading.Lock()
-        self.ps = _Table(run_dir / "ps.csv", PS_COLUMNS)
-        self.workers = _Table(run_dir / "workers.csv", WORKER_COLUMNS)
-        self.eval = _Table(run_dir / "eval.csv", EVAL_COLUMNS)
-        self.trace = _Table(run_dir / "stragglers.csv", TRACE_FILE_COLUMNS) if trace else None
+        rows = (resume or {}).get("rows", {})
+        self.ps = _Table(run_dir / "ps.csv", PS_COLUMNS, rows.get("ps"))
+        self.workers = _Table(run_dir / "workers.csv", WORKER_COLUMNS, rows.get("workers"))
+        self.eval = _Table(run_dir / "eval.csv", EVAL_COLUMNS, rows.get("eval"))
+        self.trace = _Table(run_dir / "stragglers.csv", TRACE_FILE_COLUMNS, rows.get("trace")) if trace else None
         self.busy_s: Counter[int] = Counter()  # per worker: compute + injected delay, i.e. not waiting
         self._events: list[tuple[float, dict[str, Any]]] = []
-        (run_dir / "events.jsonl").write_text("")
+        if resume is None:
+            (run_dir / "events.jsonl").write_text("")
         self.counts: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()  # "rpc:reason" for every rejected request
         self.evals: list[tuple[float, int, float, float]] = []
+        if resume is not None:
+            self._restore(resume)
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, args=(flush_every_s,), daemon=True)
         self._flusher.start()
-
-    def start(self, t0: float) -> None:
-        self.t0 = t0
 
     def now(self) -> float:
         return self._rel(time.monotonic())
@@ -124,7 +155,7 @@ class RunRecorder:
         """One applied update (called by the applier once it knows the rate it applied)."""
         row = {**row, "time_s": self.now(), "lr": lr}
         with self._lock:
-            self.ps.rows.append(tuple(_fmt(row.get(c)) for c in PS_COLUMNS))
+            self.ps.append(tuple(_fmt(row.get(c)) for c in PS_COLUMNS))
 
     def step(self, worker: int, base_version: int, samples: int, stats: pb.StepStats) -> None:
         """One worker step, as its push reported it: a workers.csv row, and the straggler plan if traced."""
@@ -140,7 +171,7 @@ class RunRecorder:
 
     def worker_step(self, **row: Any) -> None:
         with self._lock:
-            self.workers.rows.append(tuple(_fmt(row.get(c)) for c in WORKER_COLUMNS))
+            self.workers.append(tuple(_fmt(row.get(c)) for c in WORKER_COLUMNS))
             self.busy_s[row["worker"]] += row["compute_s"] + row["sleep_s"]
 
     def straggler(self, **row: Any) -> None:
@@ -148,13 +179,13 @@ class RunRecorder:
         values = (row[c] for c in TRACE_FILE_COLUMNS)
         with self._lock:
             if self.trace is not None:
-                self.trace.rows.append(tuple(repr(v) if isinstance(v, float) else v for v in values))
+                self.trace.append(tuple(repr(v) if isinstance(v, float) else v for v in values))
 
     def evaluation(self, version: int, test_loss: float, test_accuracy: float) -> None:
         t = self.now()
         with self._lock:
             self.evals.append((t, version, test_loss, test_accuracy))
-            self.eval.rows.append((_fmt(t), version, _fmt(test_loss), _fmt(test_accuracy)))
+            self.eval.append((_fmt(t), version, _fmt(test_loss), _fmt(test_accuracy)))
 
     def event(self, event: str, **fields: Any) -> None:
         with self._lock:
@@ -173,6 +204,31 @@ class RunRecorder:
             self.rejections[f"{rpc}:{reason}"] += 1
         if rpc == "push":
             self.count("rejected", reason)
+
+    def position(self) -> dict[str, Any]:
+        """Where the record stands, for a checkpoint: rows per table (``ps`` is set by the applier,
+        whose rows lag the core's updates), counters, and the evaluations so far."""
+        with self._lock:
+            return {"rows": {"workers": self.workers.count, "eval": self.eval.count,
+                             "trace": self.trace.count if self.trace else 0},
+                    "counts": dict(self.counts), "reasons": dict(self.reasons),
+                    "rejections": dict(self.rejections), "busy_s": {str(w): s for w, s in self.busy_s.items()},
+                    "evals": [list(e) for e in self.evals]}
+
+    def ps_rows(self) -> int:
+        with self._lock:
+            return self.ps.count
+
+    def _restore(self, d: dict[str, Any]) -> None:
+        self.counts.update(d["counts"])
+        self.reasons.update(d["reasons"])
+        self.rejections.update(d["rejections"])
+        self.busy_s.update({int(w): s for w, s in d["busy_s"].items()})
+        self.evals = [(t, int(v), loss, acc) for t, v, loss, acc in d["evals"]]
+
+    def start(self, t0: float) -> None:
+        """Training started at ``t0`` (a resumed run: the checkpoint's elapsed time before now)."""
+        self.t0 = t0
 
     def flush(self, final: bool = False) -> None:
         """Write buffered rows; events wait for the training start so their times share its origin."""

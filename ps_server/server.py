@@ -43,6 +43,7 @@ class Server:
         if port == 0:
             raise OSError(f"cannot bind the PS to {address}")
         await self._server.start()
+        self.ps.on_serving()
         for service in (SERVICE, ""):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return port

@@ -4,28 +4,26 @@ Tensor RPCs (Push, Pull, Init) use raw frames (see ``switchps.protos.codec``)
 through generic handlers, so payload bytes never pass through protobuf.
 Control RPCs (Register, Status, Eval) are plain protobuf.
 
-A push: read and validate its frames (``validate``), hand it to the ``Core`` with
-the time, execute the actions it returns in order (apply an update through the
-``ModelStore``, release held replies, record), and await this push's own
-release; the reply streams the version's chunks as the applier publishes them.
+A push: read and check its frames, hand it to the ``Core`` with the time, execute the actions it
+returns in order (apply an update through the ``ModelStore``, release held replies, record), and await
+this push's own release; the reply streams the version's chunks as the applier publishes them.
+Between events, a due checkpoint is taken (``checkpointer``).
 
-Concurrency: every handler, the core and the link emulation run on one asyncio
-event loop (``server.Server`` gives it a thread of its own), so none of them
-needs a lock, and a stream that sends nothing holds no thread: it cannot starve
-the health service or other RPCs, and is cut after ``receive_timeout_s``. Two
-other threads exist: the store's applier (the only writer of the parameters)
-and the recorder's flusher; both are reached only through their own locks.
-Other threads learn of progress through ``started``/``finished``/``final_evaluated``/
-``all_told_stop`` (threading events set on the loop).
+Concurrency: every handler, the core and the link emulation run on one asyncio event loop
+(``server.Server`` gives it a thread of its own), so none of them needs a lock, and a stream that sends
+nothing holds no thread: it cannot starve the health service or other RPCs, and is cut after
+``receive_timeout_s``. Other threads (the store's applier, the only writer of the parameters; the
+recorder's flusher; the checkpoint writer) are reached only through their own locks and queues.
+Other threads learn of progress through ``started``/``finished``/``final_evaluated``/``all_told_stop``.
 
-Hostile input: a push is read to the end of its stream and validated before
-it reaches the core, and then applied whole or not at all. Every rejection
-gets an error status, one log line and a count in ``summary.json``.
+Hostile input: a push is read to the end of its stream and validated before it reaches the core, and
+then applied whole or not at all. Every rejection gets an error status, a log line and a count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import threading
@@ -41,6 +39,7 @@ from prometheus_client import Counter, Gauge
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import FrameError, PayloadWriter, aencode, decode_header, encode
 from switchps.protos.layout import layout_size
+from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core import Core
 from switchps.ps_server.events import (
     Action, Apply, Count, Push, Record, Rejected, Release, SetOptimizer, StepReport, WorkOrder, invalid,
@@ -48,7 +47,6 @@ from switchps.ps_server.events import (
 )
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
-from switchps.ps_server.optimizers import Optimizer
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.rescale import adjust_optimizer
 from switchps.ps_server.validate import check_eval, check_layout
@@ -73,12 +71,13 @@ class ParameterServer:
         self.final_eval: pb.EvalReport | None = None
         self.started, self.finished = threading.Event(), threading.Event()
         self.final_evaluated, self.all_told_stop = threading.Event(), threading.Event()
-        self._layout: pb.Layout | None = None  # adopted from the first Register
+        self.layout: pb.Layout | None = None  # adopted from the first Register (or a checkpoint)
         self._ids = itertools.count()
         self._held: dict[int, asyncio.Future[tuple[Release, Snapshot]]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
+        self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
 
     # ---- driving the core -----------------------------------------------------------------------
 
@@ -92,7 +91,8 @@ class ParameterServer:
                 if fut is not None and not fut.done():  # a cancelled pusher is no longer listening
                     fut.set_result((a, self.store.snapshot()))
             elif isinstance(a, SetOptimizer):
-                self.store.control(partial(_set_optimizer, a))
+                self.store.control(partial(adjust_optimizer, lr_scale=a.lr_scale, state=a.state,
+                                           state_scale=a.state_scale, momentum=a.momentum))
             elif isinstance(a, Record):
                 self.rec.event(a.event, **a.fields)
             elif isinstance(a, Count):
@@ -105,12 +105,17 @@ class ParameterServer:
         row = dict(version=a.version, protocol=a.protocol, workers=";".join(str(m.worker) for m in agg.members),
                    samples=sum(b), staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness),
                    train_loss=sum(m.loss_sum for m in agg.members) / sum(b), b_min=min(b),
-                   b_mean=sum(b) / len(b), b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s or None)
+                   b_mean=sum(b) / len(b), b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s or None,
+                   pushes=";".join(f"{m.worker}:{m.session}:{m.step}" for m in agg.members))
         assert agg.grad is not None
         snap = self.store.submit(agg.grad, agg.samples, len(agg.members), a.lr_factor,
                                  on_applied=partial(self.rec.update, row))
         assert snap.version == a.version, "the store and the core count versions alike"
         VERSION.set(a.version)
+
+    def on_serving(self) -> None:
+        """The server is up (on the loop): publish a restored core's progress and arm its timer."""
+        self._note_progress()
 
     def _note_progress(self) -> None:
         core = self.core
@@ -121,6 +126,9 @@ class ParameterServer:
                 self._started_async.set()
         if core.done:
             self.finished.set()
+        elif self.checkpointer is not None and core.started_at is not None and \
+                self.checkpointer.due(core.version, self.clock()):
+            self.checkpointer.take(self, self.clock())
         self._arm(core.next_timer())
 
     def _arm(self, at: float | None) -> None:
@@ -159,8 +167,8 @@ class ParameterServer:
 
     def _adopt(self, req: pb.RegisterRequest) -> bool:
         """The first registration's layout becomes the model's; returns whether this was the first."""
-        first = self._layout is None
-        adopted = self._layout = self._layout or req.layout
+        first = self.layout is None
+        adopted = self.layout = self.layout or req.layout
         if req.layout.digest != adopted.digest:
             raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
                                          "(same model config on every worker?)")
@@ -202,7 +210,7 @@ class ParameterServer:
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
         frames = self._frames(ctx)
         header, first = decode(await _first(frames), pb.InitHeader)
-        layout = self._layout
+        layout = self.layout
         if layout is None:
             raise precondition("not_registered", "register before Init")
         if self.store.initialized:
@@ -253,7 +261,8 @@ class ParameterServer:
         if self.link is not None:
             await self.link.inbound.transfer(self.store.nbytes)
             p.arrived = self.clock()  # the PS has the gradient only once it has crossed the link
-        self.rec.step(p.worker, p.base_version, p.samples, stats)
+        if not self.core.receipts.seen(p):  # a retry's step is recorded once
+            self.rec.step(p.worker, p.base_version, p.samples, stats)
         released = self._held[p.id] = asyncio.get_running_loop().create_future()
         self._execute(self.core.push(p, StepReport(stats.compute_s, stats.sleep_s, stats.send_s, stats.wait_s),
                                      p.arrived))
@@ -282,7 +291,7 @@ class ParameterServer:
             self.store.buffers.put(grad)
             raise
         return Push(next(self._ids), h.worker, h.base_version, h.samples, grad, h.stats.loss_sum,
-                    self.clock()), h.stats
+                    self.clock(), step=s.step, session=h.session), h.stats
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None,
                     worker: int) -> AsyncIterator[bytes]:
@@ -342,13 +351,8 @@ class ParameterServer:
         })
 
 
-def _set_optimizer(a: SetOptimizer, opt: Optimizer) -> None:
-    adjust_optimizer(opt, a.lr_scale, a.state, a.state_scale, a.momentum)
-
-
 def _order(o: WorkOrder) -> pb.WorkOrder:
-    return pb.WorkOrder(protocol=o.protocol, version=o.version, sample_budget=o.sample_budget,
-                        time_budget_s=o.time_budget_s, micro_batch=o.micro_batch, stop=o.stop)
+    return pb.WorkOrder(**dataclasses.asdict(o))
 
 
 def decode(frame0: bytes, header_type: type[H]) -> tuple[H, memoryview]:

@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from switchps import __version__
+from switchps import EXIT_CONFIG, EXIT_INTERRUPTED, __version__
 from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
+from switchps.errors import PSUnreachable, RunDirError
 
-EXIT_CONFIG = 2
-EXIT_INTERRUPTED = 130
 
 
 def _watch_parent() -> None:
@@ -72,11 +71,18 @@ def _tf_config(cfg: RunConfig, role: str, index: int | None) -> int | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, role="run")
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None:
+        if args.config:
+            raise ConfigError("run: give a config or --resume RUN_DIR (which holds its config), not both")
+        from switchps.ps_server.main import check_resumable
+
+        check_resumable(resume)
+    cfg = load_config(resume / "config.yaml" if resume else args.config, args.set, role="run")
     from switchps.launcher import LaunchError, console, launch, summary_table
 
     try:
-        run_dir, summary = launch(cfg, quiet=args.quiet)
+        run_dir, summary = launch(cfg, quiet=args.quiet, resume=resume)
     except LaunchError as e:
         console.print(f"[red]switchps: {e}")
         return 1
@@ -90,8 +96,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
     _tf_config(cfg, "ps", None)
     from switchps.ps_server.main import run_ps
 
-    run_dir = Path(args.run_dir) if args.run_dir else Path(cfg.output.dir) / cfg.run_dir_name()
-    summary = run_ps(cfg, run_dir)
+    if args.resume and args.run_dir and Path(args.resume) != Path(args.run_dir):
+        raise ConfigError("ps: --resume names the run directory; --run-dir, if given, must be the same")
+    run_dir = Path(args.resume or args.run_dir or Path(cfg.output.dir) / cfg.run_dir_name())
+    summary = run_ps(cfg, run_dir, resume=bool(args.resume))
     print(dumps(summary))
     return 0
 
@@ -116,6 +124,16 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
     from switchps.worker.evaluator import run_evaluator
 
     run_evaluator(cfg, Path(args.run_dir) if args.run_dir else Path(cfg.output.dir))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.checkpoint != "latest" and not args.checkpoint.isdigit():
+        raise ConfigError(f"export: --checkpoint must be latest or a version number, got {args.checkpoint!r}")
+    from switchps.worker.export import export
+
+    version = None if args.checkpoint == "latest" else int(args.checkpoint)
+    print(export(Path(args.run_dir), version, Path(args.out) if args.out else None))
     return 0
 
 
@@ -188,9 +206,11 @@ def parser() -> argparse.ArgumentParser:
 
     r = with_config("run", "run a PS, an evaluator and the workers locally (default: the quickstart)", optional=True)
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
     r.set_defaults(func=cmd_run)
     s = with_config("ps", "run the parameter server role")
     s.add_argument("--run-dir", help="where to write the run record (default: output.dir/<name>-<time>)")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
     s.set_defaults(func=cmd_ps)
     w = with_config("worker", "run one worker role")
     w.add_argument("--index", type=int, help="worker index (or from TF_CONFIG task.index)")
@@ -198,6 +218,11 @@ def parser() -> argparse.ArgumentParser:
     e = with_config("evaluator", "run the evaluator role")
     e.add_argument("--run-dir", help="where to write the final model.keras (default: output.dir)")
     e.set_defaults(func=cmd_evaluator)
+    x = sub.add_parser("export", help="write a Keras model from a run's checkpoint")
+    x.add_argument("run_dir")
+    x.add_argument("--checkpoint", default="latest", help="latest, or the version of a kept checkpoint")
+    x.add_argument("--out", help="the .keras file (default RUN_DIR/model-v<version>.keras)")
+    x.set_defaults(func=cmd_export)
     pl = sub.add_parser("plot", help="write PNG plots of a run directory")
     pl.add_argument("run_dir")
     pl.add_argument("--out", help="output directory (default RUN_DIR/plots)")
@@ -213,7 +238,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--min-fraction", type=float, default=1 / 64, help="stop halving below this")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_tune_switch)
-    st = sub.add_parser("study", help="run a packaged study (amb-vs-fmb, sync-switch, dynamic-batching)")
+    _study_parser(sub.add_parser("study", help="run a packaged study (amb-vs-fmb, sync-switch, dynamic-batching)"))
+    return p
+
+
+def _study_parser(st: argparse.ArgumentParser) -> None:
     st.add_argument("name", choices=["amb-vs-fmb", "sync-switch", "dynamic-batching"])
     st.add_argument("--out", help="directory for the runs, the figure and study.json (default runs/<study>)")
     st.add_argument("--bsp-fraction", type=float, help="sync-switch: the hybrid's BSP share (default 0.125)")
@@ -231,7 +260,6 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--target", type=float, help="target test accuracy (default 0.9)")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=cmd_study)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         for problem in e.problems:
             print(f"switchps: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
+    except RunDirError as e:
+        print(f"switchps: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except PSUnreachable as e:
+        print(f"switchps: {args.command}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # `launch` has stopped every child before raising it
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a repeated Ctrl-C must not interrupt the exit
         print("switchps: interrupted; all processes stopped", file=sys.stderr)

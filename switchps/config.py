@@ -63,6 +63,10 @@ class Cluster(Section):
     """Number of local workers, or the list of worker addresses (one per host); at most 1024."""
     startup_timeout_s: float = Field(120.0, gt=0)
     """How long the PS waits for every worker to register before starting with those present."""
+    reconnect_s: float = Field(60.0, gt=0, le=86400)
+    """How long workers and the evaluator retry an unreachable PS before they give up."""
+    max_restarts: int = Field(3, ge=0, le=1000)
+    """`switchps run` restarts a PS process that died, from its checkpoint, this many times."""
 
     @property
     def num_workers(self) -> int:
@@ -227,6 +231,14 @@ class ProtocolSpec(Section):
         return self
 
 
+class CheckpointSpec(Section):
+    """When the PS saves its whole state (see README, Fault tolerance); either trigger, or both."""
+
+    every_s: float | None = Field(30.0, gt=0)
+    every_updates: int | None = Field(None, gt=0, le=MAX_STEPS)
+    keep: int = Field(2, ge=1, le=1000)
+
+
 class DeviceSpec(Section):
     samples_per_s: float | None = Field(None, gt=0)
     """Emulate a device of this speed: each micro-batch takes micro_batch / samples_per_s seconds
@@ -335,6 +347,7 @@ class RunConfig(Section):
     network: NetworkSpec = Field(default_factory=NetworkSpec)
     stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":

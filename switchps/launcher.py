@@ -32,7 +32,8 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Iterator
@@ -121,10 +122,11 @@ def child_env() -> dict[str, str]:
 
 
 def spawn(role: str, args: list[str], run_dir: Path) -> Child:
-    """Start a role with SIGINT blocked: a Ctrl-C during its imports waits for its handler (see cli)."""
+    """Start a role with SIGINT blocked: a Ctrl-C during its imports waits for its handler (see cli).
+    Its log is appended to: a restarted process continues its predecessor's log."""
     log = run_dir / "logs" / f"{role}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as f, sigint_blocked():
+    with log.open("a") as f, sigint_blocked():
         proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *args], stdout=f, stderr=subprocess.STDOUT,
                                 env=child_env(), stdin=subprocess.DEVNULL)
     return Child(role, proc, log)
@@ -158,29 +160,48 @@ def check(children: list[Child]) -> None:
             raise LaunchError(f"{c.role} exited with code {code}; last lines of {c.log}:\n{c.tail()}")
 
 
-def launch(cfg: RunConfig, quiet: bool = False) -> tuple[Path, dict]:
-    """Run the whole job locally; returns the run directory and its summary (Ctrl-C: see the module doc)."""
-    host, _, port = cfg.cluster.ps.rpartition(":")
-    if port == "0":
-        cfg.cluster.ps = f"{host}:{free_port(host)}"
+@dataclass
+class Restarts:
+    """Restarts a child killed by a signal (kill -9, the OOM killer), up to ``limit`` times per role. One
+    that exited with an error is not restarted: it would fail again. A PS comes back from its latest
+    checkpoint (its arguments say ``--resume``); workers and the evaluator reconnect."""
+
+    limit: int
+    args: dict[str, list[str]]
+    run_dir: Path
+    used: Counter[str] = field(default_factory=Counter)
+
+    def revive(self, children: list[Child]) -> None:
+        for i, c in enumerate(children):
+            code = c.proc.poll()
+            if code is None or code >= 0 or code == -signal.SIGINT or self.used[c.role] >= self.limit:
+                continue
+            self.used[c.role] += 1
+            console.print(f"switchps: {c.role} exited with code {code}; restarting it "
+                          f"({self.used[c.role]} of {self.limit})")
+            children[i] = spawn(c.role, self.args[c.role], self.run_dir)
+
+
+def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None) -> tuple[Path, dict]:
+    """Run the whole job locally; returns the run directory and its summary (Ctrl-C: see the module doc).
+    ``resume``: continue that run directory from its latest checkpoint."""
     if not isinstance(cfg.cluster.workers, int):
         raise LaunchError("cluster.workers lists addresses: start each role with `switchps ps|worker` instead")
-    run_dir = Path(cfg.output.dir) / cfg.run_dir_name()
-    run_dir.mkdir(parents=True)
-    config_path = run_dir / "config.yaml"
-    config_path.write_text(cfg.dump())
-    cfg_arg = str(config_path)
-    roles = [("evaluator", ["evaluator", cfg_arg, "--run-dir", str(run_dir)])]
-    roles += [(f"worker-{i}", ["worker", cfg_arg, "--index", str(i)]) for i in range(cfg.cluster.num_workers)]
+    run_dir = resume or _new_run_dir(cfg)
+    cfg_arg = str(run_dir / "config.yaml")
+    roles = {"ps": ["ps", cfg_arg, "--resume", str(run_dir)],  # a new run directory starts afresh
+             "evaluator": ["evaluator", cfg_arg, "--run-dir", str(run_dir)]}
+    roles |= {f"worker-{i}": ["worker", cfg_arg, "--index", str(i)] for i in range(cfg.cluster.num_workers)}
+    restarts = Restarts(cfg.cluster.max_restarts, roles, run_dir)
     children: list[Child] = []
     with sigint_as_flag() as ctrl_c:
         try:
-            children.append(spawn("ps", ["ps", cfg_arg, "--run-dir", str(run_dir)], run_dir))
+            children.append(spawn("ps", roles["ps"], run_dir))
             _wait_for_ps(cfg.cluster.ps, children[0], ctrl_c)
-            for role, args in roles:
+            for role, args in list(roles.items())[1:]:
                 ctrl_c.check()
                 children.append(spawn(role, args, run_dir))
-            _follow(cfg, children, quiet, ctrl_c)
+            _follow(cfg, children, quiet, ctrl_c, restarts)
             stop_all(children[1:], STOP_TIMEOUT_S)
         except BaseException:
             stop_all(children, KILL_AFTER_S)
@@ -188,6 +209,17 @@ def launch(cfg: RunConfig, quiet: bool = False) -> tuple[Path, dict]:
             raise
     summary = json.loads((run_dir / "summary.json").read_text())
     return run_dir, summary
+
+
+def _new_run_dir(cfg: RunConfig) -> Path:
+    """A fresh run directory holding the config, with a free port chosen if the config says 0."""
+    host, _, port = cfg.cluster.ps.rpartition(":")
+    if port == "0":
+        cfg.cluster.ps = f"{host}:{free_port(host)}"
+    run_dir = Path(cfg.output.dir) / cfg.run_dir_name()
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(cfg.dump())
+    return run_dir
 
 
 def _wait_for_ps(address: str, ps: Child, ctrl_c: CtrlC, timeout_s: float = 60.0) -> None:
@@ -203,26 +235,30 @@ def _wait_for_ps(address: str, ps: Child, ctrl_c: CtrlC, timeout_s: float = 60.0
                 raise LaunchError(f"the PS did not come up at {address}; last lines of {ps.log}:\n{ps.tail()}")
 
 
-def _follow(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC) -> None:
-    """Show progress until the PS exits; raise if any process fails or Ctrl-C is pressed first."""
+def _follow(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC, restarts: Restarts) -> None:
+    """Show progress until the PS finishes, restarting children that die; raise if one fails for good
+    or Ctrl-C is pressed first."""
     client = PSClient(cfg.cluster.ps, timeout_s=2.0)
     try:
-        _progress(cfg, children, quiet, ctrl_c, client)
+        _progress(cfg, children, quiet, ctrl_c, client, restarts)
     finally:
         client.close()
     check(children)
 
 
-def _progress(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC, client: PSClient) -> None:
+def _progress(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC, client: PSClient,
+              restarts: Restarts) -> None:
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TextColumn("v{task.fields[version]} {task.fields[protocol]} acc {task.fields[acc]}"),
                TimeElapsedColumn()]
     with Progress(*columns, console=console, disable=quiet, transient=False) as bar:
         task = bar.add_task(cfg.name, total=1.0, version=0, protocol=cfg.protocol.name, acc="—")
-        ps = children[0]
-        while ps.proc.poll() is None:
+        while True:
             ctrl_c.check()
+            restarts.revive(children)
             check(children)
+            if children[0].proc.poll() == 0:
+                break
             try:
                 s = client.status()
                 acc = f"{s.test_accuracy:.4f}" if s.test_accuracy >= 0 else "—"

@@ -12,7 +12,7 @@ import pytest
 
 from switchps.config import parse_config
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.main import build_ps
+from switchps.ps_server.main import build_ps, prepare_run_dir
 from switchps.protos.layout import make_layout
 from switchps.ps_server.server import Server
 from switchps.ps_server.service import ParameterServer
@@ -33,9 +33,11 @@ class FakeWorker:
     def __post_init__(self) -> None:
         self.params = np.zeros(self.size, np.float32)
 
-    def push(self, grad: np.ndarray, samples: int, base_version: int | None = None) -> Reply:
+    def push(self, grad: np.ndarray, samples: int, base_version: int | None = None, session: int = 0,
+             step: int = 0) -> Reply:
         header = pb.PushHeader(worker=self.index, samples=samples, layout_digest=self.layout.digest,
-                               base_version=self.version if base_version is None else base_version)
+                               base_version=self.version if base_version is None else base_version,
+                               session=session, stats=pb.StepStats(step=step))
         r = self.client.push(header, np.ascontiguousarray(grad, np.float32), self.params)
         self.version = r.order.version
         return r
@@ -102,6 +104,7 @@ class LiveCluster:
     def ps_rows(self) -> list[dict]:
         import csv
 
+        self.store.wait_idle(10)  # every update the core made is applied and its row recorded
         self.rec.flush()
         with (self.run_dir / "ps.csv").open() as f:
             return list(csv.DictReader(f))
@@ -110,7 +113,8 @@ class LiveCluster:
 def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: dict | None = None,
                   train: dict | None = None, optimizer: dict | None = None, chunk_bytes: int | None = None,
                   policy: dict | None = None, link_mbit_s: float | None = None,
-                  receive_timeout_s: float = 30.0, state: int = 0) -> LiveCluster:
+                  receive_timeout_s: float = 30.0, state: int = 0, checkpoint: dict | None = None,
+                  resume: bool = False) -> LiveCluster:
     """A real PS on loopback with ``workers`` fake workers holding ``size`` parameters and ``state``
     non-trainable values (pushed after the gradient, averaged per update)."""
     raw = {
@@ -121,8 +125,10 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
         "policy": policy or {},
         "network": {"ps_link_mbit_s": link_mbit_s},
         "runtime": {"receive_timeout_s": receive_timeout_s},
+        "checkpoint": checkpoint or {},
     }
-    ps = build_ps(parse_config(raw), tmp_path)
+    cfg = parse_config(raw)
+    ps = build_ps(cfg, tmp_path, prepare_run_dir(cfg, tmp_path, resume))
     if chunk_bytes:
         ps.store.chunk_bytes = chunk_bytes
     server = Server(ps, "127.0.0.1:0")
@@ -145,7 +151,7 @@ def cluster_factory(tmp_path):
     made: list[LiveCluster] = []
 
     def make(**kw) -> LiveCluster:
-        c = start_cluster(tmp_path, **kw)
+        c = start_cluster(tmp_path / f"cluster{len(made)}" if made else tmp_path, **kw)
         made.append(c)
         return c
 

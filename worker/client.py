@@ -1,14 +1,23 @@
-"""Client side of the PS protocol: register, init, pull, push, status, eval."""
+"""Client side of the PS protocol: register, init, pull, push, status, eval; and riding out an outage.
+
+``Reconnect`` retries a call while the PS is unreachable (UNAVAILABLE: killed, restarting, the network
+down), with exponential backoff, for ``cluster.reconnect_s``; after an outage it runs the caller's
+``rejoin`` (a worker registers again) before the retry. If the PS does not come back it raises
+``PSUnreachable``, which the roles report in one line.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import numpy as np
 
+from switchps.errors import PSUnreachable
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
     DEFAULT_CHUNK_BYTES, INLINE_BYTES, decode_header, encode, encode_array, grpc_options, receive_into,
@@ -16,6 +25,43 @@ from switchps.protos.codec import (
 )
 
 SERVICE = "/switchps.ParameterServer/"
+T = TypeVar("T")
+log = logging.getLogger("switchps.client")
+
+
+@dataclass
+class Reconnect:
+    """Retry calls through outages of the PS; see the module docstring."""
+
+    address: str
+    reconnect_s: float = 60.0
+    rejoin: Callable[[], None] | None = None
+    outages: int = 0
+
+    def __call__(self, call: Callable[[], T]) -> T:
+        down_since: float | None = None
+        delay = 0.05
+        while True:
+            try:
+                if down_since is not None and self.rejoin is not None:
+                    self.rejoin()
+                result = call()
+                if down_since is not None:
+                    log.info("the PS at %s is back after %.1fs", self.address, time.monotonic() - down_since)
+                return result
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                if down_since is None:
+                    down_since = time.monotonic()
+                    self.outages += 1
+                    log.warning("the PS at %s is unreachable (%s); retrying for up to %.0fs", self.address,
+                                e.details(), self.reconnect_s)
+                if time.monotonic() - down_since > self.reconnect_s:
+                    raise PSUnreachable(f"the PS at {self.address} did not come back within "
+                                        f"{self.reconnect_s:.0f}s (cluster.reconnect_s)") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
 
 
 @dataclass
@@ -56,9 +102,10 @@ class PSClient:
     def close(self) -> None:
         self.channel.close()
 
-    def register(self, worker: int, layout: pb.Layout, shard_size: int) -> pb.RegisterReply:
+    def register(self, worker: int, layout: pb.Layout, shard_size: int, wait: bool = True) -> pb.RegisterReply:
+        """Register (again, after an outage: ``wait=False`` fails at once if the PS is still down)."""
         return self._register(pb.RegisterRequest(worker=worker, layout=layout, shard_size=shard_size),
-                              timeout=self.timeout_s, wait_for_ready=True)
+                              timeout=self.timeout_s, wait_for_ready=wait)
 
     def status(self) -> pb.Status:
         return self._status(pb.StatusRequest(), timeout=self.timeout_s)

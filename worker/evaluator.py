@@ -2,7 +2,9 @@
 
 It pulls the latest version every ``eval.every_s``, scores it on the held-out set
 and reports to the PS. Once training is done it scores the last version, writes
-it as ``model.keras`` and reports that final score, on which the PS exits.
+it as ``model.keras`` and reports that final score, on which the PS exits. Through
+an outage of the PS it retries (``client.Reconnect``); a score of a version the PS
+lost in a crash is not reported.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ import logging
 import time
 from pathlib import Path
 
+import grpc
 import keras
 import numpy as np
 
 from switchps.config import RunConfig
-from switchps.worker.client import PSClient
+from switchps.worker.client import PSClient, Reconnect
 from switchps.worker.data import Dataset
 from switchps.worker.setup import prepare
 from switchps.worker.weights import FlatWeights, save_keras
@@ -31,25 +34,40 @@ def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
     evaluate()  # trace before the PS starts the clock
     weights = FlatWeights(model)
     client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
+    retry = Reconnect(cfg.cluster.ps, cfg.cluster.reconnect_s)
     values = np.empty(weights.size, np.float32)
-    version = client.pull(values, wait_initialized=True).order.version
+    version = retry(lambda: client.pull(values, wait_initialized=True)).order.version
     weights.assign(values)
     while True:
         t0 = time.monotonic()
-        final = client.status().done  # once done, the next pull is the last version
-        reply = client.pull(values, have_version=version)
+        final = retry(client.status).done  # once done, the next pull is the last version
+        reply = retry(lambda: client.pull(values, have_version=version))
         if reply.fresh:
             weights.assign(values)
             version = reply.order.version
         loss, acc = evaluate()
         if final:
             path = save_keras(model, out_dir / "model.keras")  # before the report: the PS exits on it
-            client.report_eval(version, loss, acc, final=True)
+        if not _report(client, retry, version, loss, acc, final):
+            continue
+        if final:
             log.info("evaluator: final version %d, test accuracy %.4f, model written to %s", version, acc, path)
             client.close()
             return path
-        client.report_eval(version, loss, acc)
         time.sleep(max(0.0, cfg.eval.every_s - (time.monotonic() - t0)))
+
+
+def _report(client: PSClient, retry: Reconnect, version: int, loss: float, acc: float, final: bool) -> bool:
+    """Report a score; False if the PS came back from a checkpoint older than ``version`` meanwhile."""
+    outages = retry.outages
+    try:
+        retry(lambda: client.report_eval(version, loss, acc, final=final))
+        return True
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.INVALID_ARGUMENT and retry.outages > outages:
+            log.info("evaluator: version %d was lost in a PS restart; scoring the current one", version)
+            return False
+        raise
 
 
 class Evaluator:

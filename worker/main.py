@@ -4,19 +4,21 @@ A worker builds its model and traces every TF function, then registers
 (ready), pulls, and loops: take the sample budget from its shard, compute
 Σ gradients over micro-batches, push them with the sample count and the
 model's state, and obey the work order in the reply (which also carries the
-fresh values).
+fresh values). Through an outage of the PS it retries (``client.Reconnect``): it registers again and
+sends the same push, which the PS recognises by its (worker, session, step) if it had it already.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 
 import numpy as np
 
 from switchps.config import RunConfig
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.worker.client import PSClient
+from switchps.worker.client import PSClient, Reconnect
 from switchps.worker.gradients import GradientComputer
 from switchps.worker.setup import prepare
 from switchps.worker.steps import RealClock, Sampler, Step, StepRunner
@@ -33,11 +35,16 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     layout = gc.weights.layout()
     client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
-    reg = client.register(index, layout, len(x))  # ready: the PS starts the clock once every worker is
-    if reg.send_init:
-        client.init(index, layout, gc.weights.read())
+
+    def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
+        if client.register(index, layout, len(x), wait).send_init:  # a PS that has no model yet
+            client.init(index, layout, gc.weights.read())
+
+    join()
+    retry = Reconnect(cfg.cluster.ps, cfg.cluster.reconnect_s, rejoin=lambda: join(wait=False))
+    session = secrets.randbits(31)
     params = np.empty(gc.size, np.float32)
-    reply = client.pull(params, worker=index, wait_initialized=True)
+    reply = retry(lambda: client.pull(params, worker=index, wait_initialized=True))
     clock = RealClock()
     received_at = started = clock.now()
     gc.assign(params)
@@ -55,9 +62,9 @@ def run_worker(cfg: RunConfig, index: int) -> int:
                              loss_sum=s.loss_sum, delay_sleep_s=delays.sleep_s, delay_factor=delays.factor,
                              delay_comm_s=delays.comm_s, batch_exhausted=s.exhausted)
         header = pb.PushHeader(worker=index, base_version=order.version, samples=s.samples,
-                               layout_digest=layout.digest, stats=stats)
+                               layout_digest=layout.digest, stats=stats, session=session)
         t1 = clock.now()
-        reply = client.push(header, s.grad, params)
+        reply = retry(lambda: client.push(header, s.grad, params))
         received_at = clock.now()
         send_s, wait_s = received_at - t1, reply.reply.wait_s
         if reply.fresh:

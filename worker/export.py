@@ -1,0 +1,36 @@
+"""`switchps export`: a Keras model from any checkpoint of a run, loadable without switchps."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from switchps.config import load_config
+from switchps.errors import RunDirError
+from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server import checkpoint
+from switchps.worker.setup import prepare
+from switchps.worker.weights import FlatWeights, save_keras
+
+log = logging.getLogger("switchps.export")
+
+
+def export(run_dir: Path, version: int | None = None, out: Path | None = None) -> Path:
+    """Write the model of ``run_dir``'s checkpoint of ``version`` (default: the latest) as a .keras file."""
+    if not (run_dir / "config.yaml").is_file():
+        raise RunDirError(f"{run_dir} is not a run directory (no config.yaml)")
+    ckpt = checkpoint.latest(run_dir / "checkpoints", version)
+    if ckpt is None:
+        which = "" if version is None else f" of version {version}"
+        kept = ", ".join(str(int(p.stem[1:])) for p in checkpoint.files(run_dir / "checkpoints")) or "none"
+        raise RunDirError(f"{run_dir}: no readable checkpoint{which} (versions kept: {kept})")
+    cfg = load_config(run_dir / "config.yaml")
+    _, model = prepare(cfg)
+    weights = FlatWeights(model)
+    saved = pb.Layout.FromString(ckpt.state["layout"].tobytes())
+    if saved.digest != weights.layout().digest:
+        raise RunDirError(f"{ckpt.path}: its variables do not match the model in {run_dir}/config.yaml")
+    weights.assign(ckpt.state["values"])
+    path = save_keras(model, out or run_dir / f"model-v{ckpt.version}.keras")
+    log.info("exported version %d of %s to %s", ckpt.version, run_dir, path)
+    return path
