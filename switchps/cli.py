@@ -155,32 +155,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from switchps.studies.amb_vs_fmb import AmbStudy, run_amb_vs_fmb
-    from switchps.studies.dynamic_batching import DynamicBatchingStudy, run_dynamic_batching
-    from switchps.studies.sync_switch import SyncSwitchStudy, run_sync_switch
+    from switchps.studies.runner import PACKAGED, packaged, run_study
+    from switchps.studies.spec import load_study
 
-    given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target", "bsp_fraction")
-             if getattr(args, k) is not None}
-    study: DynamicBatchingStudy | SyncSwitchStudy | AmbStudy
-    if args.name == "dynamic-batching":
-        study = DynamicBatchingStudy(**{k: v for k, v in given.items() if k in ("out", "workers")})
-        run_dynamic_batching(study, quiet=args.quiet)
-    elif args.name == "sync-switch":
-        kw = {k: v for k, v in given.items() if k in ("out", "workers", "bsp_fraction")}
-        kw |= {k: getattr(args, k) for k in ("lr", "switch_lr", "model") if getattr(args, k) is not None}
-        if args.link_mbit_s is not None:
-            kw["ps_link_mbit_s"] = args.link_mbit_s or None
-        if args.arms:
-            kw["arms_run"] = tuple(a.strip() for a in args.arms.split(","))
-        try:
-            study = sync = SyncSwitchStudy(**kw)
-        except ValueError as e:
-            raise ConfigError(f"--arms: {e}") from None
-        run_sync_switch(sync, quiet=args.quiet)
-    else:
-        study = amb = AmbStudy(**{k: v for k, v in given.items() if k != "bsp_fraction"})
-        run_amb_vs_fmb(amb, quiet=args.quiet)
-    print(Path(study.out) / "study.json")
+    path = packaged(args.study) if args.study in PACKAGED else Path(args.study)
+    spec = load_study(path, args.set)
+    if args.repeats is not None:
+        spec.repeats = args.repeats
+    if args.arms:
+        keep = [a.strip() for a in args.arms.split(",")]
+        unknown = [a for a in keep if a not in spec.arms]
+        if unknown:
+            raise ConfigError(f"--arms: unknown arm(s) {unknown}; the study has {', '.join(spec.arms)}")
+        keep += [a for a in [spec.reference, *spec.compare_with] if a and a not in keep]
+        spec.arms = {a: v for a, v in spec.arms.items() if a in keep}
+    out = Path(args.out) if args.out else Path("runs") / spec.study
+    run_study(spec, out, quiet=args.quiet)
+    print(out / "study.json")
     return 0
 
 
@@ -238,26 +229,18 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--min-fraction", type=float, default=1 / 64, help="stop halving below this")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_tune_switch)
-    _study_parser(sub.add_parser("study", help="run a packaged study (amb-vs-fmb, sync-switch, dynamic-batching)"))
+    _study_parser(sub.add_parser("study", help="run a study: arms x seeds, mean ± 95 % CI per arm"))
     return p
 
 
 def _study_parser(st: argparse.ArgumentParser) -> None:
-    st.add_argument("name", choices=["amb-vs-fmb", "sync-switch", "dynamic-batching"])
-    st.add_argument("--out", help="directory for the runs, the figure and study.json (default runs/<study>)")
-    st.add_argument("--bsp-fraction", type=float, help="sync-switch: the hybrid's BSP share (default 0.125)")
-    st.add_argument("--workers", type=int, help="emulated workers (default 8)")
-    st.add_argument("--link-mbit-s", type=float,
-                    help="sync-switch: emulated PS link in Mbit/s (default 5; 0 for loopback only)")
-    st.add_argument("--lr", type=float, help="sync-switch: BSP's learning rate (default 0.2)")
-    st.add_argument("--switch-lr", type=float,
-                    help="sync-switch: BSP -> ASP divides the learning rate by this (default 16)")
-    st.add_argument("--model", choices=["mlp", "logreg"], help="sync-switch: the model (default mlp)")
-    st.add_argument("--arms", help="sync-switch: comma-separated arms to run besides bsp "
-                                   "(asp,hybrid,greedy,elastic,anytime; default all)")
-    st.add_argument("--steps", type=int, help="model updates per arm (default 100)")
-    st.add_argument("--scale", type=float, help="multiplies every straggler time (default 0.25)")
-    st.add_argument("--target", type=float, help="target test accuracy (default 0.9)")
+    st.add_argument("study", help="a study file, or a packaged study: amb-vs-fmb, dynamic-batching, sync-switch")
+    st.add_argument("--out", help="directory for the runs, study.json and study.png (default runs/<study>); "
+                                  "run again with the same --out to resume")
+    st.add_argument("--repeats", type=int, help="seeds per arm (default: the file's)")
+    st.add_argument("--arms", help="comma-separated arms to run (the reference always runs)")
+    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field of the study's base config (repeatable)")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=cmd_study)
 
