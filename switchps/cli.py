@@ -137,10 +137,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_dir_arg(path: str) -> Path:
+    """A run directory given on the command line; ``RunDirError`` (one line, exit 2) if it is not one."""
+    missing = [name for name in ("config.yaml", "ps.csv", "eval.csv") if not (Path(path) / name).is_file()]
+    if missing:
+        raise RunDirError(f"{path} is not a run directory (no {', '.join(missing)})")
+    return Path(path)
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from switchps.plots import plot_run
 
-    for path in plot_run(Path(args.run_dir), Path(args.out) if args.out else None):
+    for path in plot_run(run_dir_arg(args.run_dir), Path(args.out) if args.out else None):
         print(path)
     return 0
 
@@ -148,7 +156,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from switchps.plots import compare_runs, console, results_table
 
-    results = compare_runs([Path(d) for d in args.run_dirs], args.target, Path(args.out))
+    results = compare_runs([run_dir_arg(d) for d in args.run_dirs], args.target, Path(args.out))
     console().print(results_table(results, args.target))
     print(args.out)
     return 0
@@ -234,7 +242,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _study_parser(st: argparse.ArgumentParser) -> None:
-    st.add_argument("study", help="a study file, or a packaged study: amb-vs-fmb, dynamic-batching, sync-switch")
+    st.add_argument("study", help="a study file, or a packaged study: amb-vs-fmb, dynamic-batching, sync-switch, "
+                                  "switch-config")
     st.add_argument("--out", help="directory for the runs, study.json and study.png (default runs/<study>); "
                                   "run again with the same --out to resume")
     st.add_argument("--repeats", type=int, help="seeds per arm (default: the file's)")

@@ -138,3 +138,11 @@ def test_a_real_study_replays_the_first_arms_straggler_trace_in_every_repeat(tmp
         assert len(common) >= 20 and all(a[k] == b[k] for k in common), "the same delays in both arms"
     assert result["arms"]["fmb"]["final_accuracy"]["n"] == 2
     assert np.isfinite(result["arms"]["amb"]["samples_per_worker_step"]["mean"])
+
+
+@pytest.mark.parametrize("command", [["plot"], ["compare"]])
+def test_plot_and_compare_on_a_path_that_is_not_a_run_directory_exit_2_in_one_line(tmp_path, command):
+    proc = subprocess.run([SWITCHPS, *command, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"switchps: {tmp_path} is not a run directory (no config.yaml, ps.csv, eval.csv)"]

@@ -3,6 +3,7 @@ figure (accuracy vs time per arm, the mean with its band, and the protocol timel
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ def report(spec: StudySpec, runs: dict[tuple[str, int], Path], out: Path) -> dic
               "arms": arms, "comparisons": comparisons, "spec": spec.model_dump(mode="json")}
     write_json(out / "study.json", result)
     plot_study(spec, runs, target, out / "study.png")
+    plot_loss_after_switch(spec, runs, out / "loss_after_switch.png")
     console().print(study_table(spec, arms, comparisons, target))
     return result
 
@@ -133,6 +135,44 @@ def plot_study(spec: StudySpec, runs: dict[tuple[str, int], Path], target: float
     lanes[-1].set_xlabel("time (s); protocol in force (first seed): " +
                          ", ".join(f"{p}={c.split(':')[1]}" for p, c in PROTOCOL_COLORS.items()))
     fig.savefig(path, dpi=110)
+
+
+LOSS_UPDATES = 500
+
+
+def plot_loss_after_switch(spec: StudySpec, runs: dict[tuple[str, int], Path], path: Path) -> None:
+    """The training loss of every update for the first ``LOSS_UPDATES`` after the first protocol switch,
+    mean over seeds per arm (arms without a switch are left out; nothing is drawn if none switched)."""
+    from matplotlib.figure import Figure
+
+    curves = {}
+    for arm in spec.arms:
+        losses = [loss for (a, _), d in sorted(runs.items()) if a == arm
+                  if (loss := loss_after_switch(d)) is not None and len(loss)]
+        if losses:
+            n = min(len(x) for x in losses)
+            curves[arm] = np.mean([x[:n] for x in losses], axis=0)
+    if not curves:
+        return
+    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for arm, loss in curves.items():
+        ax.plot(np.arange(1, len(loss) + 1), loss, label=arm, lw=1)
+    ax.set(xlabel="updates after the switch", ylabel="training loss (mean over seeds)", yscale="log",
+           title=f"{spec.study}: training loss for the first {LOSS_UPDATES} updates after the switch")
+    ax.legend(ncol=3)
+    fig.savefig(path, dpi=110)
+
+
+def loss_after_switch(run_dir: Path) -> np.ndarray | None:
+    """ps.csv's training loss for the first ``LOSS_UPDATES`` updates after the run's first switch."""
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] == "switch":
+            ps = read_csv(run_dir / "ps.csv")
+            after = ps["version"] > event["version"]
+            return np.asarray(ps["train_loss"][after][:LOSS_UPDATES], float)
+    return None
 
 
 def _timeline(lane: Any, ps: dict[str, np.ndarray]) -> None:

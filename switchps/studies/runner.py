@@ -18,7 +18,7 @@ from switchps.launcher import launch
 from switchps.studies.report import report
 from switchps.studies.spec import StudySpec
 
-PACKAGED = ("amb-vs-fmb", "dynamic-batching", "sync-switch")
+PACKAGED = ("amb-vs-fmb", "dynamic-batching", "sync-switch", "switch-config")
 
 
 def packaged(name: str) -> Path:
