@@ -113,6 +113,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise ConfigError(f"worker: index {index} outside [0, {cfg.cluster.num_workers})")
     from switchps.worker.main import run_worker
 
+    _sample_resources(f"worker-{index}", args.run_dir)
     steps = run_worker(cfg, index)
     logging.getLogger("switchps").info("worker %d finished after %d steps", index, steps)
     return 0
@@ -123,8 +124,17 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
     _tf_config(cfg, "evaluator", None)
     from switchps.worker.evaluator import run_evaluator
 
+    _sample_resources("evaluator", args.run_dir)
     run_evaluator(cfg, Path(args.run_dir) if args.run_dir else Path(cfg.output.dir))
     return 0
+
+
+def _sample_resources(role: str, run_dir: str | None) -> None:
+    """Sample this process's resources into RUN_DIR/resources.csv, if it was given a run directory."""
+    if run_dir and Path(run_dir).is_dir():
+        from switchps.resources import ResourceSampler
+
+        ResourceSampler(role, Path(run_dir) / "resources.csv")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -143,6 +153,14 @@ def run_dir_arg(path: str) -> Path:
     if missing:
         raise RunDirError(f"{path} is not a run directory (no {', '.join(missing)})")
     return Path(path)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from switchps.plots import console
+    from switchps.status import status_table
+
+    console().print(status_table(args.target))
+    return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -213,6 +231,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_ps)
     w = with_config("worker", "run one worker role")
     w.add_argument("--index", type=int, help="worker index (or from TF_CONFIG task.index)")
+    w.add_argument("--run-dir", help="a run directory on this host: sample resources into its resources.csv")
     w.set_defaults(func=cmd_worker)
     e = with_config("evaluator", "run the evaluator role")
     e.add_argument("--run-dir", help="where to write the final model.keras (default: output.dir)")
@@ -222,6 +241,9 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--checkpoint", default="latest", help="latest, or the version of a kept checkpoint")
     x.add_argument("--out", help="the .keras file (default RUN_DIR/model-v<version>.keras)")
     x.set_defaults(func=cmd_export)
+    stt = sub.add_parser("status", help="where a run stands: version, protocol, progress, workers, evaluation")
+    stt.add_argument("target", metavar="RUN_DIR|HOST:PORT")
+    stt.set_defaults(func=cmd_status)
     pl = sub.add_parser("plot", help="write PNG plots of a run directory")
     pl.add_argument("run_dir")
     pl.add_argument("--out", help="output directory (default RUN_DIR/plots)")

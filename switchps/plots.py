@@ -25,6 +25,8 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
+from switchps import resources
+
 PLOT_FILES = (
     "accuracy_vs_time.png",
     "accuracy_vs_version.png",
@@ -258,11 +260,11 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
             run, _num(run.ps, "wait_s"), "wait from first push to update (s)", "update wait time"
         ),
     }
-    written = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [p for p in [resources.plot(run.run_dir / "resources.csv", out_dir / "resources.png")] if p]
     for filename, fig in figures.items():
         if fig is None:
             continue
-        out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / filename
         fig.savefig(path, dpi=_DPI)
         written.append(path)

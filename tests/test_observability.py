@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 import subprocess
 import sys
@@ -65,3 +66,40 @@ def test_the_ps_writes_tensorboard_without_importing_tensorflow():
             "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_resources_are_sampled_per_process_summarised_per_role_and_plotted(tmp_path):
+    from switchps import resources
+
+    path = tmp_path / "resources.csv"
+    samplers = [resources.ResourceSampler(role, path, every_s=0.05) for role in ("ps", "worker-0")]
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(1 for _ in path.open()) < 7:
+        time.sleep(0.05)
+    for s in samplers:
+        s.stop()
+    summary = resources.summary(path)
+    assert summary is not None and set(summary) == {"ps", "worker-0"}
+    assert all(r["rss_mb_peak"] >= r["rss_mb_mean"] > 10 and r["samples"] >= 1 for r in summary.values())
+    assert resources.plot(path, tmp_path / "resources.png").stat().st_size > 10_000
+
+
+def test_status_reads_a_live_ps_and_its_run_directory(cluster_factory):
+    from switchps.plots import console
+    from switchps.status import status_table
+
+    c = cluster_factory(workers=2, size=2, protocol={"name": "asp"})
+    c.workers[0].push(np.ones(2, G), 1)
+    c.store.wait_idle(10)
+    c.rec.flush()
+    (c.run_dir / "config.yaml").write_text(f"cluster: {{ps: '{c.address}'}}\n")
+    with console().capture() as out:
+        console().print(status_table(str(c.run_dir)))
+    text = out.get()
+    assert re.search(r"version\s+│\s+1\s", text) and re.search(r"protocol\s+│\s+asp\s", text)
+    assert "asp" in text and "worker 0 step" in text and "excluded workers" in text
+    with console().capture() as out:
+        console().print(status_table("127.0.0.1:1"))
+    assert "not reachable" in out.get()
