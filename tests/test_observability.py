@@ -95,11 +95,12 @@ def test_status_reads_a_live_ps_and_its_run_directory(cluster_factory):
     c.store.wait_idle(10)
     c.rec.flush()
     (c.run_dir / "config.yaml").write_text(f"cluster: {{ps: '{c.address}'}}\n")
-    with console().capture() as out:
-        console().print(status_table(str(c.run_dir)))
+    con = console()
+    with con.capture() as out:
+        con.print(status_table(str(c.run_dir)))
     text = out.get()
     assert re.search(r"version\s+│\s+1\s", text) and re.search(r"protocol\s+│\s+asp\s", text)
     assert "asp" in text and "worker 0 step" in text and "excluded workers" in text
-    with console().capture() as out:
-        console().print(status_table("127.0.0.1:1"))
+    with con.capture() as out:
+        con.print(status_table("127.0.0.1:1"))
     assert "not reachable" in out.get()
