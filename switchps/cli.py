@@ -156,7 +156,7 @@ def run_dir_arg(path: str) -> Path:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from switchps.plots import console
+    from switchps.runrecord import console
     from switchps.status import status_table
 
     console().print(status_table(args.target))
@@ -172,7 +172,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from switchps.plots import compare_runs, console, results_table
+    from switchps.compare import compare_runs, results_table
+    from switchps.runrecord import console
 
     results = compare_runs([run_dir_arg(d) for d in args.run_dirs], args.target, Path(args.out))
     console().print(results_table(results, args.target))

@@ -4,7 +4,7 @@ Every process that knows the run directory (the PS, the evaluator, and workers s
 or given ``--run-dir``) appends one row per second to ``RUN_DIR/resources.csv``; each row is one
 ``write`` in append mode, so rows of different processes never interleave. Network bytes are the
 host's (psutil has no per-process counters); on one host they are the whole run's traffic.
-The PS adds each role's peaks and means to ``summary.json``; `switchps plot` draws them.
+The PS adds each role's peaks and means to ``summary.json``; `switchps plot` draws them (``figure``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLUMNS = ("unix_time", "role", "pid", "cpu_percent", "rss_mb", "net_sent_mb", "net_recv_mb")
 
@@ -75,8 +78,8 @@ def summary(path: Path) -> dict[str, Any] | None:
             for role, r in sorted(roles.items())}
 
 
-def plot(path: Path, out: Path) -> Path | None:
-    """CPU % and RSS over time per role, as ``out``; None if there is nothing to draw."""
+def figure(path: Path) -> Figure | None:
+    """CPU % and RSS over time per role; None if there is nothing to draw."""
     roles = read(path)
     if not roles:
         return None
@@ -91,5 +94,4 @@ def plot(path: Path, out: Path) -> Path | None:
     cpu.set(ylabel="CPU % (100 = one core)", title="resources per process")
     rss.set(xlabel="time (s)", ylabel="resident memory (MB)")
     cpu.legend(ncol=4, fontsize="small")
-    fig.savefig(out, dpi=110)
-    return out
+    return fig

@@ -83,11 +83,12 @@ def test_resources_are_sampled_per_process_summarised_per_role_and_plotted(tmp_p
     summary = resources.summary(path)
     assert summary is not None and set(summary) == {"ps", "worker-0"}
     assert all(r["rss_mb_peak"] >= r["rss_mb_mean"] > 10 and r["samples"] >= 1 for r in summary.values())
-    assert resources.plot(path, tmp_path / "resources.png").stat().st_size > 10_000
+    fig = resources.figure(path)
+    assert fig is not None and [len(ax.lines) for ax in fig.axes] == [2, 2], "a line per role, CPU and RSS"
 
 
 def test_status_reads_a_live_ps_and_its_run_directory(cluster_factory):
-    from switchps.plots import console
+    from switchps.runrecord import console
     from switchps.status import status_table
 
     c = cluster_factory(workers=2, size=2, protocol={"name": "asp"})
