@@ -89,7 +89,15 @@ def test_metrics_smooth_the_accuracy_and_measure_the_dip_after_a_switch(tmp_path
     assert m["epochs_to_target"] == pytest.approx(300 / 400)  # 30 versions x 10 samples of 400 per epoch
     assert m["final_accuracy"] == pytest.approx(0.95)
     assert m["dip_points"] == pytest.approx(100 * (0.9 - 0.65))  # smoothed: 0.9 before, 0.65 at its lowest
-    assert m["recovery_s"] == pytest.approx(7.0 - 3.5)  # back to 0.9 at t=7 ((0.95 + 0.95) / 2)
+    assert m["recovery_s"] == pytest.approx(7.0 - 3.5)  # back to 0.9 after its low, at t=7 ((0.95 + 0.95) / 2)
+
+
+def test_recovery_is_counted_from_after_the_dip_not_from_a_high_evaluation_before_it(tmp_path):
+    run = fake_run(tmp_path / "r", [0.9, 0.9, 0.9, 0.9, 0.5, 0.5, 0.95, 0.95], switch_at=2.5)
+    m = run_metrics(run, target=0.99, smooth=1, last=1)
+    assert m["dip_points"] == pytest.approx(40.0) and m["recovery_s"] == pytest.approx(7.0 - 2.5)
+    flat = run_metrics(fake_run(tmp_path / "f", [0.9, 0.9, 0.95], switch_at=1.5), target=0.99, smooth=1, last=1)
+    assert flat["dip_points"] == 0.0 and flat["recovery_s"] == 0.0
 
 
 def test_an_interrupted_study_runs_only_what_is_missing(tmp_path, monkeypatch):

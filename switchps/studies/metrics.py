@@ -66,7 +66,8 @@ def run_metrics(run_dir: Path, target: float, smooth: int, last: int) -> dict[st
 
 def switch_dip(run_dir: Path, acc: Accuracy) -> dict[str, float | None]:
     """Around the first protocol switch: how far the smoothed accuracy fell below its value just before
-    (points), and how long it took to get back to that value (None if it never did, or no switch)."""
+    (points), and how long after the switch it was back at that value, after its lowest point (None if
+    it never came back; both None without a switch)."""
     switch_at = _first_switch_s(run_dir)
     if switch_at is None or not len(acc.time_s):
         return {"dip_points": None, "recovery_s": None}
@@ -74,9 +75,14 @@ def switch_dip(run_dir: Path, acc: Accuracy) -> dict[str, float | None]:
     if not len(before_idx):
         return {"dip_points": None, "recovery_s": None}
     before = float(acc.smoothed[before_idx[-1]])
-    after = acc.smoothed[acc.time_s > switch_at]
-    dip = max(0.0, before - float(after.min())) if len(after) else 0.0
-    back = acc.first_at_least(before, after=switch_at + 1e-9)
+    after = np.nonzero(acc.time_s > switch_at)[0]
+    if not len(after):
+        return {"dip_points": 0.0, "recovery_s": 0.0}
+    lowest = int(after[np.argmin(acc.smoothed[after])])
+    dip = max(0.0, before - float(acc.smoothed[lowest]))
+    if dip == 0.0:
+        return {"dip_points": 0.0, "recovery_s": 0.0}
+    back = acc.first_at_least(before, after=float(acc.time_s[lowest]))
     return {"dip_points": 100 * dip, "recovery_s": float(acc.time_s[back] - switch_at) if back is not None else None}
 
 

@@ -85,10 +85,11 @@ def study_table(spec: StudySpec, arms: dict[str, dict[str, dict]], comparisons: 
     for m in ratios:
         t.add_column(f"{RATIO_METRICS[m]} vs {ref}", justify="right")
     for arm, values in arms.items():
-        cells = [Estimate(**values[m]).text(_format(m)) for m in spec.metrics]
+        cells = [Estimate(**values[m]).text(_format(m), missing="never" if "target" in m else "n/a")
+                 for m in spec.metrics]
         for m in ratios:
             c = comparisons.get(f"{arm} vs {ref}", {}).get(m + "_speedup")
-            cells.append("1" if arm == ref else _ratio_text(c))
+            cells.append("1×" if arm == ref else _ratio_text(c))
         t.add_row(arm, *cells)
     return t
 
@@ -96,8 +97,9 @@ def study_table(spec: StudySpec, arms: dict[str, dict[str, dict]], comparisons: 
 def _ratio_text(c: dict[str, Any] | None) -> str:
     if c is None:
         return "—"
-    text = Estimate(**{k: v for k, v in c.items() if k != "significant"}).text(".2f") + "×"
-    return text + (" *" if c["significant"] else "")
+    e = Estimate(**{k: v for k, v in c.items() if k != "significant"})
+    return e.text(".2f").replace(" (", "× (", 1) if e.missing and e.mean is not None else \
+        e.text(".2f") + ("×" if e.mean is not None else "") + (" *" if c["significant"] else "")
 
 
 def _format(metric: str) -> str:

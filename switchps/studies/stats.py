@@ -24,13 +24,14 @@ class Estimate:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def text(self, fmt: str = ".3f", scale: float = 1.0) -> str:
+    def text(self, fmt: str = ".3f", scale: float = 1.0, missing: str = "never") -> str:
+        """"mean ± ci" and how many runs had no value, called ``missing`` (e.g. "never" reached)."""
         if self.mean is None:
-            return "never" if self.missing else "—"
+            return missing if self.missing else "—"
         out = format(self.mean * scale, fmt)
         if self.ci95 is not None:
             out += " ± " + format(self.ci95 * scale, fmt)
-        return out + (f" ({self.missing} never)" if self.missing else "")
+        return out + (f" ({self.missing} {missing})" if self.missing else "")
 
     def excludes(self, value: float) -> bool:
         """Whether the confidence interval lies entirely on one side of ``value``: significant at 5 %."""
