@@ -30,7 +30,7 @@ from switchps.ps_server.events import (
 from switchps.ps_server.overhead import SwitchRecord
 from switchps.ps_server.protocols import PROTOCOLS, make_protocol
 from switchps.ps_server.receipts import Receipts
-from switchps.ps_server.rescale import rescaled
+from switchps.ps_server.rescale import ramp, rescaled, restore_factor
 
 MAX_SHARD_SIZE = 2**40
 
@@ -54,6 +54,8 @@ class Core:
         self.receipts = Receipts()
         self.resumed = False  # loaded from a checkpoint: pushes may name versions lost in the crash
         self.lr_scale = 1.0
+        self.switched_at: int | None = None  # the version at the last protocol switch, for ``rescale.ramp``
+        self.restore = 1.0
         self.initialized = False
         self.first_register: float | None = None
         self.started_at: float | None = None
@@ -240,7 +242,9 @@ class Core:
         for sw in self.switches:
             if sw.first_update_at is None and sw.to == self.spec.name:
                 sw.first_update_at = now
-        self._out.append(Apply(self.version, a, u.lr_factor, self.spec.name,
+        since = None if self.switched_at is None else self.version - 1 - self.switched_at
+        factor = u.lr_factor * (1.0 if since is None else ramp(self.on_switch, self.restore, since))
+        self._out.append(Apply(self.version, a, factor, self.spec.name,
                                self.protocol.budget(-1, {}).time_s, now - a.started))
 
     def _drop(self, p: Push, reason: str) -> None:
@@ -372,6 +376,9 @@ class Core:
         self._rescale(self.on_switch.optimizer_state if old.name != new.name else "keep")
         if old.name != new.name:
             self.switches.append(SwitchRecord(decided_at, new.name, observer.normal_step_s(self.recent)))
+            self.switched_at = self.version
+            self.restore = restore_factor(self.momentum, self.configured_momentum) \
+                if self.on_switch.momentum == "asynchrony" else 1.0
         before = old.model_dump()
         self._out.append(Record("switch" if old.name != new.name else "reconfigure", {
             "version": self.version, "reason": reason, "policy": policy, "lr_scale": self.lr_scale,

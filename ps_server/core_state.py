@@ -39,6 +39,7 @@ def save(core: Core, now: float) -> dict[str, Any]:
         "switches": [[s.decided_at - now, s.to, s.step_s, None if s.first_update_at is None
                       else s.first_update_at - now] for s in core.switches],
         "update_times": [[t - now, p] for t, p in core.update_times],
+        "switched_at": core.switched_at, "restore": core.restore,
     })
 
 
@@ -64,6 +65,7 @@ def load(core: Core, d: dict[str, Any], now: float) -> None:
     core.switches = [SwitchRecord(now + at, to, step_s, None if first is None else now + first)
                      for at, to, step_s, first in d["switches"]]
     core.update_times = [(now + t, p) for t, p in d["update_times"]]
+    core.switched_at, core.restore = d["switched_at"], d["restore"]
     core.resumed = True
 
 

@@ -10,7 +10,9 @@ from typing import Any, Callable
 from prometheus_client import start_http_server
 
 from switchps.config import RunConfig
+from switchps import resources
 from switchps.errors import RunDirError
+from switchps.resources import ResourceSampler
 from switchps.policies.registry import make_policy
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import Checkpoint
@@ -93,6 +95,7 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     """Serve until training ends and the final evaluation is in; write and return the summary."""
     ckpt = prepare_run_dir(cfg, run_dir, resume)
     ps = build_ps(cfg, run_dir, ckpt)
+    sampler = ResourceSampler("ps", run_dir / "resources.csv")
     server = Server(ps, cfg.cluster.ps)
     if cfg.runtime.metrics_port is not None:
         start_http_server(cfg.runtime.metrics_port)
@@ -108,7 +111,8 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
         ps.checkpointer.wait(60)
         ps.checkpointer.take(ps, time.monotonic())
         ps.checkpointer.close(120)
-    return ps.rec.close(_summary(cfg, ps))
+    sampler.stop()
+    return ps.rec.close({**_summary(cfg, ps), "resources": resources.summary(run_dir / "resources.csv")})
 
 
 def _note_resume(ps: ParameterServer, ckpt: Checkpoint) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from switchps.jsonfile import dumps, write_json
 from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.tensorboard import TensorBoard
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
               "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s", "pushes")
@@ -108,11 +109,13 @@ class _Table:
         self.rows.append(row)
         self.count += 1
 
-    def flush(self) -> None:
+    def flush(self) -> list[tuple]:
+        """Write the buffered rows; returns them."""
         rows, self.rows = self.rows, []
         if rows:
             with self.path.open("a", newline="") as f:
                 csv.writer(f).writerows(rows)
+        return rows
 
 
 class RunRecorder:
@@ -131,6 +134,7 @@ class RunRecorder:
         self.workers = _Table(run_dir / "workers.csv", WORKER_COLUMNS, rows.get("workers"))
         self.eval = _Table(run_dir / "eval.csv", EVAL_COLUMNS, rows.get("eval"))
         self.trace = _Table(run_dir / "stragglers.csv", TRACE_FILE_COLUMNS, rows.get("trace")) if trace else None
+        self.tensorboard = TensorBoard(run_dir)
         self.busy_s: Counter[int] = Counter()  # per worker: compute + injected delay, i.e. not waiting
         self._events: list[tuple[float, dict[str, Any]]] = []
         if resume is None:
@@ -233,9 +237,11 @@ class RunRecorder:
     def flush(self, final: bool = False) -> None:
         """Write buffered rows; events wait for the training start so their times share its origin."""
         with self._lock:
-            for t in (self.ps, self.workers, self.eval, self.trace):
-                if t is not None:
-                    t.flush()
+            if self.trace is not None:
+                self.trace.flush()
+            self.tensorboard.updates([dict(zip(PS_COLUMNS, r)) for r in self.ps.flush()])
+            self.tensorboard.steps([dict(zip(WORKER_COLUMNS, r)) for r in self.workers.flush()])
+            self.tensorboard.evaluations(self.eval.flush())
             if self.t0 is None and not final:
                 return
             events = [dumps({"time_s": self._rel(m), **e}) for m, e in self._events]
@@ -253,6 +259,7 @@ class RunRecorder:
         self._stop.set()
         self._flusher.join()
         self.flush(final=True)
+        self.tensorboard.close()
         accs = [e[3] for e in self.evals]
         full = {
             "best_test_accuracy": max(accs) if accs else None,

@@ -44,7 +44,23 @@ def lr_scale(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSp
     ratio = current.effective_batch(b) / reference.effective_batch(b)
     scale = lr_rule_factor(on_switch.lr, ratio)
     mu = momentum_in_force(current, reference, on_switch, configured_momentum, b.num_workers)
-    return scale * (1.0 - mu) / (1.0 - configured_momentum) if mu != configured_momentum else scale
+    return scale * restore_factor(mu, configured_momentum) if on_switch.momentum == "asynchrony" else scale
+
+
+def restore_factor(mu: float, configured: float) -> float:
+    """(1 - mu) / (1 - configured): what the asynchrony rule multiplies the learning rate by."""
+    return (1.0 - mu) / (1.0 - configured) if mu != configured else 1.0
+
+
+def ramp(on_switch: SwitchSpec, restore: float, since: int) -> float:
+    """The factor on the learning rate ``since`` updates after a protocol switch: the warm-up's
+    (since + 1) / N, and a restore of ``restore`` reached linearly over ``restore_updates``."""
+    f = 1.0
+    if since < on_switch.warmup_updates:
+        f *= (since + 1) / on_switch.warmup_updates
+    if since < on_switch.restore_updates and restore != 1.0:
+        f *= (1.0 + (restore - 1.0) * since / on_switch.restore_updates) / restore
+    return f
 
 
 def rescaled(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured_momentum: float,

@@ -113,6 +113,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise ConfigError(f"worker: index {index} outside [0, {cfg.cluster.num_workers})")
     from switchps.worker.main import run_worker
 
+    _sample_resources(f"worker-{index}", args.run_dir)
     steps = run_worker(cfg, index)
     logging.getLogger("switchps").info("worker %d finished after %d steps", index, steps)
     return 0
@@ -123,8 +124,17 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
     _tf_config(cfg, "evaluator", None)
     from switchps.worker.evaluator import run_evaluator
 
+    _sample_resources("evaluator", args.run_dir)
     run_evaluator(cfg, Path(args.run_dir) if args.run_dir else Path(cfg.output.dir))
     return 0
+
+
+def _sample_resources(role: str, run_dir: str | None) -> None:
+    """Sample this process's resources into RUN_DIR/resources.csv, if it was given a run directory."""
+    if run_dir and Path(run_dir).is_dir():
+        from switchps.resources import ResourceSampler
+
+        ResourceSampler(role, Path(run_dir) / "resources.csv")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -137,50 +147,58 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_dir_arg(path: str) -> Path:
+    """A run directory given on the command line; ``RunDirError`` (one line, exit 2) if it is not one."""
+    missing = [name for name in ("config.yaml", "ps.csv", "eval.csv") if not (Path(path) / name).is_file()]
+    if missing:
+        raise RunDirError(f"{path} is not a run directory (no {', '.join(missing)})")
+    return Path(path)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from switchps.runrecord import console
+    from switchps.status import status_table
+
+    console().print(status_table(args.target))
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from switchps.plots import plot_run
 
-    for path in plot_run(Path(args.run_dir), Path(args.out) if args.out else None):
+    for path in plot_run(run_dir_arg(args.run_dir), Path(args.out) if args.out else None):
         print(path)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from switchps.plots import compare_runs, console, results_table
+    from switchps.compare import compare_runs, results_table
+    from switchps.runrecord import console
 
-    results = compare_runs([Path(d) for d in args.run_dirs], args.target, Path(args.out))
+    results = compare_runs([run_dir_arg(d) for d in args.run_dirs], args.target, Path(args.out))
     console().print(results_table(results, args.target))
     print(args.out)
     return 0
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from switchps.studies.amb_vs_fmb import AmbStudy, run_amb_vs_fmb
-    from switchps.studies.dynamic_batching import DynamicBatchingStudy, run_dynamic_batching
-    from switchps.studies.sync_switch import SyncSwitchStudy, run_sync_switch
+    from switchps.studies.runner import PACKAGED, packaged, run_study
+    from switchps.studies.spec import load_study
 
-    given = {k: getattr(args, k) for k in ("out", "workers", "steps", "scale", "target", "bsp_fraction")
-             if getattr(args, k) is not None}
-    study: DynamicBatchingStudy | SyncSwitchStudy | AmbStudy
-    if args.name == "dynamic-batching":
-        study = DynamicBatchingStudy(**{k: v for k, v in given.items() if k in ("out", "workers")})
-        run_dynamic_batching(study, quiet=args.quiet)
-    elif args.name == "sync-switch":
-        kw = {k: v for k, v in given.items() if k in ("out", "workers", "bsp_fraction")}
-        kw |= {k: getattr(args, k) for k in ("lr", "switch_lr", "model") if getattr(args, k) is not None}
-        if args.link_mbit_s is not None:
-            kw["ps_link_mbit_s"] = args.link_mbit_s or None
-        if args.arms:
-            kw["arms_run"] = tuple(a.strip() for a in args.arms.split(","))
-        try:
-            study = sync = SyncSwitchStudy(**kw)
-        except ValueError as e:
-            raise ConfigError(f"--arms: {e}") from None
-        run_sync_switch(sync, quiet=args.quiet)
-    else:
-        study = amb = AmbStudy(**{k: v for k, v in given.items() if k != "bsp_fraction"})
-        run_amb_vs_fmb(amb, quiet=args.quiet)
-    print(Path(study.out) / "study.json")
+    path = packaged(args.study) if args.study in PACKAGED else Path(args.study)
+    spec = load_study(path, args.set)
+    if args.repeats is not None:
+        spec.repeats = args.repeats
+    if args.arms:
+        keep = [a.strip() for a in args.arms.split(",")]
+        unknown = [a for a in keep if a not in spec.arms]
+        if unknown:
+            raise ConfigError(f"--arms: unknown arm(s) {unknown}; the study has {', '.join(spec.arms)}")
+        keep += [a for a in [spec.reference, *spec.compare_with] if a and a not in keep]
+        spec.arms = {a: v for a, v in spec.arms.items() if a in keep}
+    out = Path(args.out) if args.out else Path("runs") / spec.study
+    run_study(spec, out, quiet=args.quiet)
+    print(out / "study.json")
     return 0
 
 
@@ -214,6 +232,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_ps)
     w = with_config("worker", "run one worker role")
     w.add_argument("--index", type=int, help="worker index (or from TF_CONFIG task.index)")
+    w.add_argument("--run-dir", help="a run directory on this host: sample resources into its resources.csv")
     w.set_defaults(func=cmd_worker)
     e = with_config("evaluator", "run the evaluator role")
     e.add_argument("--run-dir", help="where to write the final model.keras (default: output.dir)")
@@ -223,6 +242,9 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--checkpoint", default="latest", help="latest, or the version of a kept checkpoint")
     x.add_argument("--out", help="the .keras file (default RUN_DIR/model-v<version>.keras)")
     x.set_defaults(func=cmd_export)
+    stt = sub.add_parser("status", help="where a run stands: version, protocol, progress, workers, evaluation")
+    stt.add_argument("target", metavar="RUN_DIR|HOST:PORT")
+    stt.set_defaults(func=cmd_status)
     pl = sub.add_parser("plot", help="write PNG plots of a run directory")
     pl.add_argument("run_dir")
     pl.add_argument("--out", help="output directory (default RUN_DIR/plots)")
@@ -238,26 +260,19 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--min-fraction", type=float, default=1 / 64, help="stop halving below this")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_tune_switch)
-    _study_parser(sub.add_parser("study", help="run a packaged study (amb-vs-fmb, sync-switch, dynamic-batching)"))
+    _study_parser(sub.add_parser("study", help="run a study: arms x seeds, mean ± 95 % CI per arm"))
     return p
 
 
 def _study_parser(st: argparse.ArgumentParser) -> None:
-    st.add_argument("name", choices=["amb-vs-fmb", "sync-switch", "dynamic-batching"])
-    st.add_argument("--out", help="directory for the runs, the figure and study.json (default runs/<study>)")
-    st.add_argument("--bsp-fraction", type=float, help="sync-switch: the hybrid's BSP share (default 0.125)")
-    st.add_argument("--workers", type=int, help="emulated workers (default 8)")
-    st.add_argument("--link-mbit-s", type=float,
-                    help="sync-switch: emulated PS link in Mbit/s (default 5; 0 for loopback only)")
-    st.add_argument("--lr", type=float, help="sync-switch: BSP's learning rate (default 0.2)")
-    st.add_argument("--switch-lr", type=float,
-                    help="sync-switch: BSP -> ASP divides the learning rate by this (default 16)")
-    st.add_argument("--model", choices=["mlp", "logreg"], help="sync-switch: the model (default mlp)")
-    st.add_argument("--arms", help="sync-switch: comma-separated arms to run besides bsp "
-                                   "(asp,hybrid,greedy,elastic,anytime; default all)")
-    st.add_argument("--steps", type=int, help="model updates per arm (default 100)")
-    st.add_argument("--scale", type=float, help="multiplies every straggler time (default 0.25)")
-    st.add_argument("--target", type=float, help="target test accuracy (default 0.9)")
+    st.add_argument("study", help="a study file, or a packaged study: amb-vs-fmb, dynamic-batching, sync-switch, "
+                                  "switch-config")
+    st.add_argument("--out", help="directory for the runs, study.json and study.png (default runs/<study>); "
+                                  "run again with the same --out to resume")
+    st.add_argument("--repeats", type=int, help="seeds per arm (default: the file's)")
+    st.add_argument("--arms", help="comma-separated arms to run (the reference always runs)")
+    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field of the study's base config (repeatable)")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=cmd_study)
 

@@ -191,7 +191,8 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None) -> t
     cfg_arg = str(run_dir / "config.yaml")
     roles = {"ps": ["ps", cfg_arg, "--resume", str(run_dir)],  # a new run directory starts afresh
              "evaluator": ["evaluator", cfg_arg, "--run-dir", str(run_dir)]}
-    roles |= {f"worker-{i}": ["worker", cfg_arg, "--index", str(i)] for i in range(cfg.cluster.num_workers)}
+    roles |= {f"worker-{i}": ["worker", cfg_arg, "--index", str(i), "--run-dir", str(run_dir)]
+              for i in range(cfg.cluster.num_workers)}
     restarts = Restarts(cfg.cluster.max_restarts, roles, run_dir)
     children: list[Child] = []
     with sigint_as_flag() as ctrl_c:
@@ -252,7 +253,8 @@ def _progress(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC,
                TextColumn("v{task.fields[version]} {task.fields[protocol]} acc {task.fields[acc]}"),
                TimeElapsedColumn()]
     with Progress(*columns, console=console, disable=quiet, transient=False) as bar:
-        task = bar.add_task(cfg.name, total=1.0, version=0, protocol=cfg.protocol.name, acc="—")
+        task = bar.add_task(f"{cfg.name}: starting the PS", total=1.0, version=0, protocol=cfg.protocol.name,
+                            acc="—")
         while True:
             ctrl_c.check()
             restarts.revive(children)
@@ -262,7 +264,10 @@ def _progress(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC,
             try:
                 s = client.status()
                 acc = f"{s.test_accuracy:.4f}" if s.test_accuracy >= 0 else "—"
-                bar.update(task, completed=s.progress, version=s.version, protocol=s.protocol, acc=acc)
+                phase = cfg.name if s.version or s.progress else \
+                    f"{cfg.name}: workers starting ({s.active_workers}/{cfg.cluster.num_workers} ready)"
+                bar.update(task, completed=s.progress, version=s.version, protocol=s.protocol, acc=acc,
+                           description=phase)
             except Exception:  # the PS is starting up or shutting down; the poll above decides
                 pass
             time.sleep(0.5)

@@ -18,7 +18,7 @@ from rich.table import Table
 from switchps.config import RunConfig, parse_config
 from switchps.jsonfile import write_json
 from switchps.launcher import launch
-from switchps.plots import console
+from switchps.runrecord import console
 
 
 @dataclass

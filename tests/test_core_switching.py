@@ -121,6 +121,37 @@ def test_asynchrony_momentum_rule_and_optimizer_state():
     assert kept.lr_scale == pytest.approx(0.25) and kept.momentum == 0.9, "momentum kept by default"
 
 
+def test_the_momentum_cut_alone_does_not_raise_the_learning_rate():
+    h = Harness(workers=4, momentum=0.9, on_switch={"momentum": "cut"})
+    h.switch(name="asp")
+    assert h.lr_scale == pytest.approx(0.25) and h.momentum == pytest.approx(0.15)
+
+
+def factors_after_switch(h: Harness, updates: int) -> list[float]:
+    h.switch(name="asp")
+    for _ in range(updates):
+        h.push(0, 1.0)
+    return [a.lr_factor for a in h.applied if a.protocol == "asp"]
+
+
+def test_the_restored_step_is_reached_linearly_over_restore_updates():
+    h = Harness(workers=4, momentum=0.9, on_switch={"momentum": "asynchrony", "restore_updates": 4})
+    f = factors_after_switch(h, 6)
+    assert h.lr_scale == pytest.approx(0.25 * 8.5), "the scale in force is the restored one"
+    # effective rate = scale x factor: from the cut's 0.25 up to 0.25 x 8.5 in 4 updates, then flat
+    assert [h.lr_scale * x for x in f] == pytest.approx([0.25 * (1 + 7.5 * k / 4) for k in range(4)] + [0.25 * 8.5] * 2)
+
+
+def test_a_warm_up_raises_the_rate_from_1_over_n_after_each_switch_and_survives_a_checkpoint():
+    h = Harness(workers=2, on_switch={"warmup_updates": 4})
+    assert factors_after_switch(h, 6) == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+    again = Harness(workers=2, on_switch={"warmup_updates": 4}, start=False)
+    h.switch(name="bsp")
+    h.push(0, 1.0)
+    again.core.load_state_dict(h.core.state_dict(h.now), h.now)
+    assert again.core.switched_at == h.core.switched_at and again.core.restore == h.core.restore
+
+
 def test_elastic_exclusion_takes_stale_contributions_or_drops_them():
     h = Harness(workers=3, protocol={"batch": 1})
     h.run(h.core.decide(Decision("slow", exclude=frozenset({2})), "manual", h.now))

@@ -69,9 +69,12 @@ def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
         for sub in SUBPACKAGES:
             on_disk = sorted(p.name for p in (ROOT / sub).iterdir()
                              if p.suffix in (".py", ".pyi", ".yaml", ".proto") and p.is_file())
-            in_wheel = sorted(n.rsplit("/", 1)[1] for n in infos if n.startswith(f"switchps/{sub}/"))
+            prefix = f"switchps/{sub}/"
+            in_wheel = sorted(n[len(prefix):] for n in infos if n.startswith(prefix) and "/" not in n[len(prefix):])
             assert in_wheel == on_disk, sub
             assert all(infos[f"switchps/{sub}/{name}"].file_size > 0 or name == "__init__.py" for name in on_disk)
+        studies = sorted(p.name for p in (ROOT / "configs" / "studies").glob("*.yaml"))
+        assert studies and all(infos[f"switchps/configs/studies/{name}"].file_size > 0 for name in studies)
 
 
 def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():

@@ -11,16 +11,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from switchps.plots import (
-    PLOT_FILES,
-    RunResult,
-    compare_runs,
-    load_result,
-    plot_run,
-    read_csv,
-    results_table,
-    time_to_target,
-)
+from switchps.compare import RunResult, compare_runs, load_result, results_table, time_to_target
+from switchps.plots import PLOT_FILES, plot_run
+from switchps.runrecord import read_csv
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PS_HEADER = "time_s,version,protocol,workers,samples,staleness_max,staleness_mean,lr,train_loss,b_min,b_mean,b_max,wait_s"

@@ -1,88 +1,156 @@
-"""The AMB-vs-FMB study, shrunk: both arms run as real processes on the same straggler trace."""
+"""The study runner: statistics, study files, metrics from a run directory, resuming, and a real study."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from switchps.plots import read_csv
-from switchps.studies.amb_vs_fmb import AmbStudy, run_amb_vs_fmb
+from switchps.config import ConfigError
 from switchps.ps_server.records import load_trace
+from switchps.studies import runner
+from switchps.studies.metrics import run_metrics
+from switchps.studies.runner import PACKAGED, finished_runs, packaged, run_study
+from switchps.studies.spec import StudySpec, load_study
+from switchps.studies.stats import estimate, paired_difference, paired_ratio
 
-pytestmark = pytest.mark.integration
-
-
-def test_amb_vs_fmb_replays_the_same_trace_and_writes_its_outputs(tmp_path):
-    study = AmbStudy(workers=3, steps=12, scale=0.05, samples_per_s=320.0, micro_batch=4, target=0.5,
-                     out=str(tmp_path))
-    result = run_amb_vs_fmb(study)
-    fmb, amb = (Path(a["run_dir"]) for a in result["arms"])
-    for arm in (fmb, amb):
-        summary = json.loads((arm / "summary.json").read_text())
-        assert summary["final_version"] == summary["updates"] == 12, "each arm's final accuracy is of its last version"
-    fmb_trace, amb_trace = load_trace(fmb / "stragglers.csv"), load_trace(amb / "stragglers.csv")
-    common = fmb_trace.keys() & amb_trace.keys()
-    assert len(common) >= 3 * 10
-    assert all(fmb_trace[k] == amb_trace[k] for k in common), "AMB must replay FMB's straggler delays exactly"
-    assert any(d.sleep_s > 0 for d in fmb_trace.values())
-    amb_ps, fmb_ps = read_csv(amb / "ps.csv"), read_csv(fmb / "ps.csv")
-    assert set(amb_ps["protocol"]) == {"amb"} and set(fmb_ps["protocol"]) == {"fmb"}
-    assert np.allclose(amb_ps["time_budget_s"], result["amb_time_budget_s"], rtol=1e-3)
-    assert set(fmb_ps["b_mean"]) == {16.0}
-    saved = json.loads((tmp_path / "study.json").read_text())
-    assert saved["speedup_seconds_per_step"] == result["speedup_seconds_per_step"] > 0
-    assert (tmp_path / "amb_vs_fmb.png").stat().st_size > 10_000
+from test_launch import SWITCHPS
 
 
-def test_sync_switch_asp_arm_starts_with_what_the_hybrid_switches_to():
-    from switchps.config import parse_config
-    from switchps.studies.base import merge
-    from switchps.studies.sync_switch import SyncSwitchStudy
+def test_a_mean_gets_its_student_t_interval():
+    e = estimate([1.0, 2.0, 3.0])
+    assert e.mean == 2.0 and e.sd == 1.0 and e.n == 3
+    assert e.ci95 == pytest.approx(4.302653 / 3**0.5, rel=1e-6)  # t(0.975, 2) * sd / sqrt(n)
+    assert e.text(".2f") == "2.00 ± 2.48"
+    assert estimate([5.0]).ci95 is None and estimate([None, None]).text() == "never"
+    assert estimate([1.0, None]).missing == 1
 
-    study = SyncSwitchStudy()
-    arms = study.arms()
-    asp = parse_config(merge(study.base(), arms["asp"]))
-    # the switch's factor: 0.2 / 16, then momentum 0.9 - (1 - 1/8) = 0.025 with lr x (1 - 0.025) / (1 - 0.9)
-    assert asp.optimizer.learning_rate == pytest.approx(0.2 / 16 * 9.75)
+
+def test_paired_comparisons_are_by_seed_and_significance_is_the_interval_excluding_no_difference():
+    ratio = paired_ratio([10.0, 20.0, 30.0], [5.0, 10.0, 15.0])  # twice as fast on every seed
+    assert ratio.mean == 2.0 and ratio.sd == 0.0 and ratio.excludes(1.0)
+    noisy = paired_difference([0.95, 0.97, 0.96], [0.96, 0.95, 0.97])
+    assert not noisy.excludes(0.0)
+    assert paired_ratio([10.0, None], [5.0, 4.0]).n == 1
+
+
+def test_the_packaged_studies_load_and_their_arms_are_valid_run_configs():
+    for name in PACKAGED:
+        spec = load_study(packaged(name))
+        assert spec.repeats >= 3 and spec.reference in spec.arms
+        for arm in spec.arms:
+            cfg = spec.run_config(arm, 2, Path("/tmp/x"), None)
+            assert cfg.seed == spec.base.get("seed", 0) + 2 and cfg.name == arm
+    spec = load_study(packaged("sync-switch"))
+    asp = spec.run_config("asp", 0, Path("/tmp/x"), None)
+    assert asp.optimizer.learning_rate == pytest.approx(0.2 / 16 * (1 - 0.025) / (1 - 0.9))  # what the hybrid gets
     assert asp.optimizer.params["momentum"] == pytest.approx(0.025)
-    hybrid = parse_config(merge(study.base(), arms["hybrid0.125"]))
-    assert hybrid.policy.on_switch.momentum == "asynchrony" and hybrid.policy.on_switch.lr == 16.0
-    assert hybrid.network.ps_link_mbit_s == 5.0
+    replay = spec.run_config("hybrid", 1, Path("/tmp/x"), Path("/tmp/bsp/stragglers.csv"))
+    assert replay.stragglers.trace == "/tmp/bsp/stragglers.csv" and replay.stragglers.transient is None
 
 
-def test_time_to_target_reads_the_mean_of_the_last_five_evals_and_counts_epochs_seen(tmp_path):
-    from switchps.studies.sync_switch import _time_and_epochs_to
-
-    accuracies = [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]  # trailing means: 0.5, 0.75, 0.83, 0.875, 0.9, 1.0
-    (tmp_path / "eval.csv").write_text("time_s,version,test_loss,test_accuracy\n" + "".join(
-        f"{i + 1.0},{2 * (i + 1)},0.1,{a}\n" for i, a in enumerate(accuracies)))
-    (tmp_path / "ps.csv").write_text("time_s,version,samples\n" + "".join(f"{v / 2},{v},100\n" for v in range(1, 13)))
-    # the single eval at t=2 is already 1.0, but the mean first reaches 0.9 at t=5 (version 10: 1000 samples)
-    assert _time_and_epochs_to(tmp_path, 0.9, samples_per_epoch=200.0) == (5.0, 5.0)
-    assert _time_and_epochs_to(tmp_path, 1.01, samples_per_epoch=200.0) == (None, None)
-
-
-def test_sync_switch_arms_are_selectable_and_bsp_always_runs():
-    from switchps.config import parse_config
-    from switchps.studies.base import merge
-    from switchps.studies.sync_switch import SyncSwitchStudy
-
-    study = SyncSwitchStudy(arms_run=("hybrid", "asp"), model="logreg")
-    arms = study.arms()
-    assert list(arms) == ["bsp", "asp", "hybrid0.125"]
-    cfg = parse_config(merge(study.base(), arms["bsp"]))
-    assert cfg.model.name == "logreg" and cfg.model.kwargs == {}
+@pytest.mark.parametrize("edit, problem", [
+    ({"arms": {"a": {"protocol.batchsize": 3}}}, "arms.a: protocol.batchsize: unknown key (did you mean batch?)"),
+    ({"metrics": ["speed"]}, "unknown metric(s) ['speed']"),
+    ({"reference": "zzz"}, "reference 'zzz' is not an arm"),
+    ({"target": {"reference_minus_points": 0.5}}, "needs a reference arm"),
+])
+def test_a_bad_study_file_names_the_problem(tmp_path, edit, problem):
+    raw = {"study": "s", "base": {"train": {"steps": 5}}, "arms": {"a": {}}, **edit}
+    path = tmp_path / "study.yaml"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as e:
+        load_study(path)
+    assert any(problem in p for p in e.value.problems), e.value.problems
 
 
-def test_sync_switch_unknown_arm_exits_2_naming_the_option():
-    import subprocess
-    import sys
+def fake_run(run_dir: Path, accuracies: list[float], switch_at: float | None = None) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("train: {epochs: 2}\n")
+    (run_dir / "eval.csv").write_text("time_s,version,test_loss,test_accuracy\n" + "".join(
+        f"{t},{10 * t},0.1,{a}\n" for t, a in enumerate(accuracies, start=1)))
+    (run_dir / "ps.csv").write_text("time_s,version,protocol,samples,b_mean\n" + "".join(
+        f"{v / 10},{v},bsp,10,10\n" for v in range(1, 10 * len(accuracies) + 1)))
+    events = [{"event": "switch", "time_s": switch_at}] if switch_at is not None else []
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run_dir / "summary.json").write_text(json.dumps({
+        "samples": 10 * 10 * len(accuracies), "samples_per_s": 100.0, "worker_utilization": 0.5, "wall_time_s": 9.0,
+        "updates": 10 * len(accuracies), "switches": int(switch_at is not None), "switch_overhead_s": None}))
+    return run_dir
 
-    r = subprocess.run([sys.executable, "-m", "switchps.cli", "study", "sync-switch", "--arms", "asp,bogus"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--arms" in lines[0] and "bogus" in lines[0]
+
+def test_metrics_smooth_the_accuracy_and_measure_the_dip_after_a_switch(tmp_path):
+    run = fake_run(tmp_path / "r", [0.5, 0.9, 0.9, 0.6, 0.7, 0.95, 0.95, 0.95], switch_at=3.5)
+    m = run_metrics(run, target=0.9, smooth=2, last=3)
+    assert m["time_to_target_s"] == 3.0  # (0.9 + 0.9) / 2 at t=3; t=2 is (0.5 + 0.9) / 2
+    assert m["epochs_to_target"] == pytest.approx(300 / 400)  # 30 versions x 10 samples of 400 per epoch
+    assert m["final_accuracy"] == pytest.approx(0.95)
+    assert m["dip_points"] == pytest.approx(100 * (0.9 - 0.65))  # smoothed: 0.9 before, 0.65 at its lowest
+    assert m["recovery_s"] == pytest.approx(7.0 - 3.5)  # back to 0.9 after its low, at t=7 ((0.95 + 0.95) / 2)
+
+
+def test_recovery_is_counted_from_after_the_dip_not_from_a_high_evaluation_before_it(tmp_path):
+    run = fake_run(tmp_path / "r", [0.9, 0.9, 0.9, 0.9, 0.5, 0.5, 0.95, 0.95], switch_at=2.5)
+    m = run_metrics(run, target=0.99, smooth=1, last=1)
+    assert m["dip_points"] == pytest.approx(40.0) and m["recovery_s"] == pytest.approx(7.0 - 2.5)
+    flat = run_metrics(fake_run(tmp_path / "f", [0.9, 0.9, 0.95], switch_at=1.5), target=0.99, smooth=1, last=1)
+    assert flat["dip_points"] == 0.0 and flat["recovery_s"] == 0.0
+
+
+def test_an_interrupted_study_runs_only_what_is_missing(tmp_path, monkeypatch):
+    spec = StudySpec(study="s", base={"train": {"steps": 5}}, arms={"a": {}, "b": {}}, repeats=2, reference="a",
+                     target={"absolute": 0.7}, metrics=["time_to_target_s", "final_accuracy"])
+    launched: list[tuple[str, int]] = []
+
+    def launch(cfg, quiet=True):
+        launched.append((cfg.name, cfg.seed))
+        return fake_run(tmp_path / "runs" / f"{cfg.name}-{cfg.seed}", [0.5, 0.85, 0.9]), {}
+
+    monkeypatch.setattr(runner, "launch", launch)
+    (tmp_path / "out").mkdir()
+    first = fake_run(tmp_path / "runs" / "done", [0.5, 0.85, 0.9])
+    (tmp_path / "out" / "runs.jsonl").write_text(json.dumps({"arm": "a", "repeat": 0, "run_dir": str(first)}) + "\n")
+    result = run_study(spec, tmp_path / "out")
+    assert launched == [("b", 0), ("a", 1), ("b", 1)], "the finished run is not run again"
+    assert len(finished_runs(tmp_path / "out")) == 4
+    assert result["arms"]["b"]["final_accuracy"]["n"] == 2
+    assert result["comparisons"]["b vs a"]["time_to_target_s_speedup"]["mean"] == 1.0
+    json.loads((tmp_path / "out" / "study.json").read_text(), parse_constant=pytest.fail)
+    assert (tmp_path / "out" / "study.png").stat().st_size > 10_000
+
+
+@pytest.mark.integration
+def test_a_real_study_replays_the_first_arms_straggler_trace_in_every_repeat(tmp_path):
+    study = tmp_path / "mini.yaml"
+    study.write_text(json.dumps({
+        "study": "mini", "repeats": 2, "reference": "fmb", "target": {"absolute": 0.3},
+        "metrics": ["time_to_target_s", "final_accuracy", "samples_per_worker_step"],
+        "base": {"cluster": {"workers": 3}, "model": {"name": "logreg"}, "data": {"name": "digits"},
+                 "protocol": {"name": "fmb", "batch": 16, "micro_batch": 4}, "train": {"steps": 12},
+                 "eval": {"every_s": 0.5}, "device": {"samples_per_s": 640.0},
+                 "stragglers": {"mixture": {"preset": "niagara", "scale": 0.02}}},
+        "arms": {"fmb": {}, "amb": {"protocol.name": "amb", "protocol.time_budget_s": 0.05}}}))
+    proc = subprocess.run([SWITCHPS, "study", str(study), "--out", str(tmp_path / "out"), "--quiet"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert {(r["arm"], r["repeat"]) for r in result["runs"]} == {("fmb", 0), ("amb", 0), ("fmb", 1), ("amb", 1)}
+    for repeat in (0, 1):
+        fmb, amb = (Path(r["run_dir"]) for arm in ("fmb", "amb") for r in result["runs"]
+                    if r["arm"] == arm and r["repeat"] == repeat)
+        a, b = load_trace(fmb / "stragglers.csv"), load_trace(amb / "stragglers.csv")
+        common = a.keys() & b.keys()
+        assert len(common) >= 20 and all(a[k] == b[k] for k in common), "the same delays in both arms"
+    assert result["arms"]["fmb"]["final_accuracy"]["n"] == 2
+    assert np.isfinite(result["arms"]["amb"]["samples_per_worker_step"]["mean"])
+
+
+@pytest.mark.parametrize("command", [["plot"], ["compare"]])
+def test_plot_and_compare_on_a_path_that_is_not_a_run_directory_exit_2_in_one_line(tmp_path, command):
+    proc = subprocess.run([SWITCHPS, *command, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"switchps: {tmp_path} is not a run directory (no config.yaml, ps.csv, eval.csv)"]

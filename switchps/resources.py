@@ -1,0 +1,97 @@
+"""What each process uses: CPU %, resident memory and network bytes, sampled once a second (psutil).
+
+Every process that knows the run directory (the PS, the evaluator, and workers started by `switchps run`
+or given ``--run-dir``) appends one row per second to ``RUN_DIR/resources.csv``; each row is one
+``write`` in append mode, so rows of different processes never interleave. Network bytes are the
+host's (psutil has no per-process counters); on one host they are the whole run's traffic.
+The PS adds each role's peaks and means to ``summary.json``; `switchps plot` draws them (``figure``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import psutil
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+COLUMNS = ("unix_time", "role", "pid", "cpu_percent", "rss_mb", "net_sent_mb", "net_recv_mb")
+
+
+class ResourceSampler:
+    """A daemon thread appending this process's resources to ``path`` every ``every_s``."""
+
+    def __init__(self, role: str, path: Path, every_s: float = 1.0) -> None:
+        self.role, self.path, self.every_s = role, path, every_s
+        self.proc = psutil.Process()
+        self.proc.cpu_percent()  # the first call only starts the measurement
+        self._stop = threading.Event()
+        if not path.exists():
+            with path.open("a") as f:
+                f.write(",".join(COLUMNS) + "\n")
+        threading.Thread(target=self._loop, name="switchps-resources", daemon=True).start()
+
+    def _loop(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            while not self._stop.wait(self.every_s):
+                net = psutil.net_io_counters()
+                row = (f"{time.time():.3f},{self.role},{os.getpid()},{self.proc.cpu_percent():.1f},"
+                       f"{self.proc.memory_info().rss / 2**20:.1f},{net.bytes_sent / 2**20:.3f},"
+                       f"{net.bytes_recv / 2**20:.3f}\n")
+                os.write(fd, row.encode())
+        finally:
+            os.close(fd)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def read(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """resources.csv by role: time, cpu_percent and rss_mb arrays (rows of a torn last line skipped)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for line in path.read_text().splitlines()[1:] if path.exists() else []:
+        parts = line.split(",")
+        if len(parts) != len(COLUMNS):
+            continue
+        r = out.setdefault(parts[1], {"unix_time": [], "cpu_percent": [], "rss_mb": []})
+        for key in r:
+            r[key].append(float(parts[COLUMNS.index(key)]))
+    return {role: {k: np.asarray(v) for k, v in r.items()} for role, r in out.items()}
+
+
+def summary(path: Path) -> dict[str, Any] | None:
+    """Per role: peak and mean CPU % and RSS (MB), and the number of samples."""
+    roles = read(path)
+    if not roles:
+        return None
+    return {role: {"cpu_percent_peak": round(float(r["cpu_percent"].max()), 1),
+                   "cpu_percent_mean": round(float(r["cpu_percent"].mean()), 1),
+                   "rss_mb_peak": round(float(r["rss_mb"].max()), 1),
+                   "rss_mb_mean": round(float(r["rss_mb"].mean()), 1), "samples": len(r["rss_mb"])}
+            for role, r in sorted(roles.items())}
+
+
+def figure(path: Path) -> Figure | None:
+    """CPU % and RSS over time per role; None if there is nothing to draw."""
+    roles = read(path)
+    if not roles:
+        return None
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 6), layout="constrained")
+    cpu, rss = fig.subplots(2, 1, sharex=True)
+    t0 = min(float(r["unix_time"][0]) for r in roles.values())
+    for role, r in sorted(roles.items()):
+        cpu.plot(r["unix_time"] - t0, r["cpu_percent"], label=role, lw=1)
+        rss.plot(r["unix_time"] - t0, r["rss_mb"], label=role, lw=1)
+    cpu.set(ylabel="CPU % (100 = one core)", title="resources per process")
+    rss.set(xlabel="time (s)", ylabel="resident memory (MB)")
+    cpu.legend(ncol=4, fontsize="small")
+    return fig

@@ -1,0 +1,88 @@
+"""`switchps status RUN_DIR|HOST:PORT`: where a run stands, live while it trains.
+
+From the PS (its Status RPC): version, protocol, progress, active workers, the latest test accuracy.
+From the run directory, when given one: workers excluded by a policy, each worker's recent step
+times, the last evaluation, and the summary once the run has finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+from rich.table import Table
+
+from switchps.errors import RunDirError
+
+RECENT_STEPS = 10
+
+
+def status_table(target: str) -> Table:
+    """The status of the run in directory ``target``, or of the PS at address ``target``."""
+    run_dir = Path(target) if Path(target).is_dir() else None
+    if run_dir is not None and not (run_dir / "config.yaml").is_file():
+        raise RunDirError(f"{target} is not a run directory (no config.yaml)")
+    address = yaml.safe_load((run_dir / "config.yaml").read_text())["cluster"]["ps"] if run_dir else target
+    t = Table(title=f"switchps status: {target}", show_header=False)
+    t.add_column("field")
+    t.add_column("value")
+    for key, value in _from_ps(address):
+        t.add_row(key, value)
+    if run_dir is not None:
+        for key, value in _from_run_dir(run_dir):
+            t.add_row(key, value)
+    return t
+
+
+def _from_ps(address: str) -> list[tuple[str, str]]:
+    from switchps.worker.client import PSClient
+
+    client = PSClient(address, timeout_s=2.0)
+    try:
+        s = client.status()
+    except Exception as e:  # not reachable: the run has ended, or not started, or the address is wrong
+        return [("PS", f"{address}: not reachable ({type(e).__name__})")]
+    finally:
+        client.close()
+    return [("PS", address), ("version", str(s.version)), ("protocol", s.protocol),
+            ("progress", f"{s.progress:.1%}" + (" (done)" if s.done else "")),
+            ("active workers", str(s.active_workers)),
+            ("latest test accuracy", f"{s.test_accuracy:.4f}" if s.test_accuracy >= 0 else "—")]
+
+
+def _from_run_dir(run_dir: Path) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = [("excluded workers", ", ".join(map(str, sorted(_excluded(run_dir)))) or "none")]
+    steps = _rows(run_dir / "workers.csv")
+    for w in sorted({int(r["worker"]) for r in steps}):
+        mine = [float(r["compute_s"]) + float(r["sleep_s"]) for r in steps if int(r["worker"]) == w][-RECENT_STEPS:]
+        rows.append((f"worker {w} step (s), last {len(mine)}", f"median {np.median(mine):.3f}, max {max(mine):.3f}"))
+    evals = _rows(run_dir / "eval.csv")
+    if evals:
+        e = evals[-1]
+        rows.append(("last evaluation", f"v{e['version']} at {float(e['time_s']):.1f} s: accuracy {e['test_accuracy']}"))
+    if (run_dir / "summary.json").exists():
+        summary = json.loads((run_dir / "summary.json").read_text())
+        rows.append(("finished", f"{summary['updates']} updates, final accuracy {summary['final_test_accuracy']}"))
+    return rows
+
+
+def _excluded(run_dir: Path) -> set[int]:
+    out: set[int] = set()
+    path = run_dir / "events.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        e = json.loads(line)
+        if e["event"] == "worker_excluded":
+            out.add(e["worker"])
+        elif e["event"] == "worker_readmitted":
+            out.discard(e["worker"])
+    return out
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))

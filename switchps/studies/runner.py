@@ -1,0 +1,56 @@
+"""`switchps study FILE`: run every arm of a study, ``repeats`` times, then report (``report``).
+
+Each repeat runs the arms in the file's order with seed ``base.seed + repeat``. If the base has
+stragglers, the repeat's first arm records their trace and the others replay it, so every arm of a
+repeat faces the same delays. A finished run is listed in ``OUT/runs.jsonl``; an interrupted study run
+again with the same ``--out`` skips the runs listed there and redoes only the one cut short.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from switchps.jsonfile import dumps
+from switchps.launcher import launch
+from switchps.studies.report import report
+from switchps.studies.spec import StudySpec
+
+PACKAGED = ("amb-vs-fmb", "dynamic-batching", "sync-switch", "switch-config")
+
+
+def packaged(name: str) -> Path:
+    """The study file shipped as ``name`` (configs/studies/<name>.yaml)."""
+    return Path(str(files("switchps.configs") / "studies" / f"{name}.yaml"))
+
+
+def run_study(spec: StudySpec, out: Path, quiet: bool = True) -> dict[str, Any]:
+    """Run what ``out`` has not finished yet, then write study.json and the figure, and print the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    done = finished_runs(out)
+    for repeat in range(spec.repeats):
+        trace: Path | None = None
+        for i, arm in enumerate(spec.arms):
+            run_dir = done.get((arm, repeat))
+            if run_dir is None:
+                cfg = spec.run_config(arm, repeat, out / "runs", trace if i else None)
+                run_dir, _ = launch(cfg, quiet=quiet)
+                with (out / "runs.jsonl").open("a") as f:
+                    f.write(dumps({"arm": arm, "repeat": repeat, "run_dir": str(run_dir)}) + "\n")
+                done[(arm, repeat)] = run_dir
+            if i == 0 and (run_dir / "stragglers.csv").exists():
+                trace = run_dir / "stragglers.csv"
+    return report(spec, {k: v for k, v in done.items() if k[0] in spec.arms and k[1] < spec.repeats}, out)
+
+
+def finished_runs(out: Path) -> dict[tuple[str, int], Path]:
+    """(arm, repeat) -> run directory, for the runs of ``out`` that finished (their summary exists)."""
+    listed = out / "runs.jsonl"
+    runs = {}
+    for line in listed.read_text().splitlines() if listed.exists() else []:
+        r = json.loads(line)
+        if (Path(r["run_dir"]) / "summary.json").exists():
+            runs[(r["arm"], int(r["repeat"]))] = Path(r["run_dir"])
+    return runs

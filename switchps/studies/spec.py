@@ -1,0 +1,122 @@
+"""A study file: a base run config, named arms that override it, repeats, a target and the metrics.
+
+```yaml
+study: amb-vs-fmb
+base: {...}                  # a run config, as in configs/*.yaml
+arms:                        # run in this order in every repeat; the first records the straggler trace
+  fmb: {protocol.name: fmb}  # overrides of the base, with the keys of --set
+  amb: {protocol.name: amb, protocol.time_budget_s: 1.6}
+repeats: 3                   # seeds base.seed, base.seed + 1, ...
+reference: fmb               # ratios are against this arm, paired by seed
+target: {absolute: 0.9}      # or {reference_minus_points: 0.5}: the reference's final accuracy minus 0.5
+final_evals: 5               # "final accuracy" is the mean of the last n evaluations
+metrics: [time_to_target_s, final_accuracy, samples_per_s]
+```
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
+
+from switchps.config import ConfigError, RunConfig, Section, parse_config
+from switchps.problems import describe
+from switchps.yamlfile import apply_override, read_yaml
+
+METRICS = {
+    "time_to_target_s": "time to the target (s)",
+    "epochs_to_target": "epochs to the target",
+    "final_accuracy": "final accuracy",
+    "samples_per_s": "samples/s",
+    "worker_utilization": "worker utilization",
+    "seconds_per_update": "s / update",
+    "samples_per_worker_step": "samples / worker-step",
+    "switches": "switches",
+    "switch_overhead_s": "switch overhead (s)",
+    "total_time_s": "total time (s)",
+    "updates": "updates",
+    "dip_points": "dip after the switch (points)",
+    "recovery_s": "recovery after the switch (s)",
+}
+"""Every metric a study may report, with its column title (computed by ``studies.metrics``)."""
+RATIO_METRICS = {"time_to_target_s": "speedup to the target", "total_time_s": "speedup in total time"}
+"""Metrics also reported as the reference's value over the arm's, paired by seed (higher is faster)."""
+
+
+class Target(Section):
+    absolute: float | None = Field(None, gt=0, le=1)
+    reference_minus_points: float | None = Field(None, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _one(self) -> "Target":
+        if (self.absolute is None) == (self.reference_minus_points is None):
+            raise ValueError("give exactly one of absolute and reference_minus_points")
+        return self
+
+
+class StudySpec(Section):
+    study: str
+    description: str = ""
+    base: dict[str, Any]
+    arms: dict[str, dict[str, Any]] = Field(min_length=1)
+    repeats: int = Field(3, ge=1, le=100)
+    reference: str | None = None
+    compare_with: list[str] = Field(default_factory=list)
+    """Further arms every arm is compared with, paired by seed (e.g. the offline hybrid)."""
+    target: Target = Field(default_factory=lambda: Target(absolute=0.9))
+    final_evals: int = Field(5, ge=1, le=1000)
+    metrics: list[str] = Field(default_factory=lambda: ["time_to_target_s", "final_accuracy", "samples_per_s"])
+    smooth_evals: int = Field(5, ge=1, le=1000)
+    """Time to target uses the trailing mean of this many evaluations (one digits evaluation moves by a point)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "StudySpec":
+        unknown = [m for m in self.metrics if m not in METRICS]
+        if unknown:
+            raise ValueError(f"unknown metric(s) {unknown}; choose from {sorted(METRICS)}")
+        if self.reference is not None and self.reference not in self.arms:
+            raise ValueError(f"reference {self.reference!r} is not an arm ({', '.join(self.arms)})")
+        missing = [a for a in self.compare_with if a not in self.arms]
+        if missing:
+            raise ValueError(f"compare_with names no arm: {missing}")
+        if self.target.reference_minus_points is not None and self.reference is None:
+            raise ValueError("target.reference_minus_points needs a reference arm")
+        return self
+
+    def run_config(self, arm: str, repeat: int, out: Path, trace: Path | None) -> RunConfig:
+        """The config of ``arm`` in ``repeat``: the base, the arm's overrides, the repeat's seed, and the
+        straggler trace recorded by the repeat's first arm (if any)."""
+        raw = json.loads(json.dumps(self.base))
+        raw["seed"] = int(raw.get("seed", 0)) + repeat
+        raw["name"] = arm
+        raw.setdefault("output", {})["dir"] = str(out)
+        overrides = [f"{key}={json.dumps(value)}" for key, value in self.arms[arm].items()]
+        if trace is not None:
+            overrides.append("stragglers=" + json.dumps({"trace": str(trace)}))
+        return parse_config(raw, overrides)
+
+
+def load_study(path: Path, overrides: Sequence[str] = ()) -> StudySpec:
+    """A study file, checked whole: the spec, then every arm's run config (one line per problem)."""
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a study file is a mapping (study, base, arms, ...)")
+    for o in overrides:
+        apply_override(raw.setdefault("base", {}), o)
+    try:
+        spec = StudySpec.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(*describe(err, raw, StudySpec)) from None
+    problems: list[str] = []
+    for arm in spec.arms:
+        try:
+            spec.run_config(arm, 0, Path("runs"), None)
+        except ConfigError as e:
+            problems += [f"arms.{arm}: {p}" for p in e.problems]
+    if problems:
+        raise ConfigError(*problems)
+    return spec

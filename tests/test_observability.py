@@ -1,0 +1,107 @@
+"""What a run shows while and after it trains: TensorBoard event files, written without TensorFlow."""
+
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from tensorboardX.proto.event_pb2 import Event
+
+from switchps.ps_server.tensorboard import PROTOCOL_INDEX
+
+G = np.float32
+
+
+def read_events(directory: Path) -> list[Event]:
+    """Every event in a TensorBoard directory (TFRecord framing: length, crc, data, crc)."""
+    events = []
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (n,) = struct.unpack_from("<Q", data, pos)
+            events.append(Event.FromString(data[pos + 12:pos + 12 + n]))
+            pos += 12 + n + 4
+    return events
+
+
+def scalars(events: list[Event]) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for e in events:
+        for v in e.summary.value:
+            if v.HasField("simple_value"):
+                out.setdefault(v.tag, []).append((e.step, v.simple_value))
+    return out
+
+
+def test_a_run_writes_tensorboard_scalars_per_update_step_and_evaluation(cluster_factory):
+    c = cluster_factory(workers=2, size=2, train={"steps": 6}, protocol={"batch": 1},
+                        policy={"name": "schedule", "kwargs": {"phases": [{"bsp": 0.5}, {"asp": 0.5}]}})
+    for _ in range(3):
+        [r.result() for r in [w.push_async(np.ones(2, G), 1) for w in c.workers]]
+    while not c.core.done:
+        c.workers[0].push(np.ones(2, G), 1)
+    c.workers[1].client.report_eval(6, 0.5, 0.75, final=True)
+    c.store.wait_idle(10)
+    c.rec.close({})
+    events = read_events(c.run_dir / "tensorboard")
+    s = scalars(events)
+    assert [step for step, _ in s["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert {"train/learning_rate", "train/staleness_mean", "train/samples", "train/protocol_index",
+            "eval/test_accuracy", "eval/test_loss"} <= s.keys()
+    bsp, asp = PROTOCOL_INDEX["bsp"], PROTOCOL_INDEX["asp"]
+    assert [v for _, v in s["train/protocol_index"]] == [bsp] * 3 + [asp] * 3, "the protocol in force, per update"
+    assert s["eval/test_accuracy"] == [(6, 0.75)]
+    assert any(tag.startswith("workers/step_s/") for tag in s)
+    texts = [v.tag for e in events for v in e.summary.value if not v.HasField("simple_value")]
+    assert sum(t.startswith("protocol") for t in texts) == 2, "a text entry when training starts and at the switch"
+
+
+def test_the_ps_writes_tensorboard_without_importing_tensorflow():
+    code = ("import sys; import switchps.ps_server.main, switchps.ps_server.tensorboard; "
+            "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_resources_are_sampled_per_process_summarised_per_role_and_plotted(tmp_path):
+    from switchps import resources
+
+    path = tmp_path / "resources.csv"
+    samplers = [resources.ResourceSampler(role, path, every_s=0.05) for role in ("ps", "worker-0")]
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(1 for _ in path.open()) < 7:
+        time.sleep(0.05)
+    for s in samplers:
+        s.stop()
+    summary = resources.summary(path)
+    assert summary is not None and set(summary) == {"ps", "worker-0"}
+    assert all(r["rss_mb_peak"] >= r["rss_mb_mean"] > 10 and r["samples"] >= 1 for r in summary.values())
+    fig = resources.figure(path)
+    assert fig is not None and [len(ax.lines) for ax in fig.axes] == [2, 2], "a line per role, CPU and RSS"
+
+
+def test_status_reads_a_live_ps_and_its_run_directory(cluster_factory):
+    from switchps.runrecord import console
+    from switchps.status import status_table
+
+    c = cluster_factory(workers=2, size=2, protocol={"name": "asp"})
+    c.workers[0].push(np.ones(2, G), 1)
+    c.store.wait_idle(10)
+    c.rec.flush()
+    (c.run_dir / "config.yaml").write_text(f"cluster: {{ps: '{c.address}'}}\n")
+    con = console()
+    with con.capture() as out:
+        con.print(status_table(str(c.run_dir)))
+    text = out.get()
+    assert re.search(r"version\s+│\s+1\s", text) and re.search(r"protocol\s+│\s+asp\s", text)
+    assert "asp" in text and "worker 0 step" in text and "excluded workers" in text
+    with con.capture() as out:
+        con.print(status_table("127.0.0.1:1"))
+    assert "not reachable" in out.get()
