@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from prometheus_client import start_http_server
 
+from switchps.channels import server_security
 from switchps.config import RunConfig
 from switchps import resources
 from switchps.errors import RunDirError
@@ -96,7 +97,7 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     ckpt = prepare_run_dir(cfg, run_dir, resume)
     ps = build_ps(cfg, run_dir, ckpt)
     sampler = ResourceSampler("ps", run_dir / "resources.csv")
-    server = Server(ps, cfg.cluster.ps)
+    server = Server(ps, cfg.cluster.bind or cfg.cluster.ps, server_security(cfg.security))
     if cfg.runtime.metrics_port is not None:
         start_http_server(cfg.runtime.metrics_port)
     log.info("PS serving on port %d, run directory %s", server.port, run_dir)

@@ -10,7 +10,9 @@ from typing import TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from switchps.channels import ServerSecurity
 from switchps.protos.codec import grpc_options, tune_allocator
+from switchps.ps_server.guard import Guard
 from switchps.ps_server.service import SERVICE, ParameterServer
 
 T = TypeVar("T")
@@ -20,11 +22,12 @@ class Server:
     """A running PS: grpc.aio with the health service, on an event-loop thread of its own.
 
     Callers stay synchronous: the training loop in ``ps_server.main`` and the tests
-    start and stop it from their own threads.
+    start and stop it from their own threads. With ``security``, every RPC but the health service needs
+    a token (``ps_server.guard``) and the port speaks TLS if it has a certificate.
     """
 
-    def __init__(self, ps: ParameterServer, address: str) -> None:
-        self.ps = ps
+    def __init__(self, ps: ParameterServer, address: str, security: ServerSecurity = ServerSecurity()) -> None:
+        self.ps, self.security = ps, security
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="switchps-grpc", daemon=True)
         self._thread.start()
@@ -35,11 +38,16 @@ class Server:
 
     async def _start(self, address: str) -> int:
         tune_allocator()
-        self._server = grpc.aio.server(options=grpc_options())
+        interceptors = []
+        if self.security.secret is not None:
+            self.ps.guard = Guard(self.security.secret, self.ps.count_rejection)
+            interceptors.append(self.ps.guard)
+        self._server = grpc.aio.server(options=grpc_options(), interceptors=interceptors)
         self._server.add_generic_rpc_handlers([self.ps.handler()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        port = self._server.add_insecure_port(address)
+        creds = self.security.credentials()
+        port = self._server.add_secure_port(address, creds) if creds else self._server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"cannot bind the PS to {address}")
         await self._server.start()

@@ -30,17 +30,20 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 import grpc
 import numpy as np
 from prometheus_client import Counter, Gauge
 
+from switchps.auth import authorize_worker
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import FrameError, PayloadWriter, aencode, decode_header, encode
+from switchps.protos.codec import PayloadWriter, aencode, encode
 from switchps.protos.layout import layout_size
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core import Core
+from switchps.ps_server.frames import decode, fill, first_frame, one
+from switchps.ps_server.guard import Guard
 from switchps.ps_server.events import (
     Action, Apply, Count, Push, Record, Rejected, Release, SetOptimizer, StepReport, WorkOrder, invalid,
     precondition,
@@ -55,7 +58,9 @@ SERVICE = "switchps.ParameterServer"
 PUSHES = Counter("switchps_pushes", "Pushes by outcome", ["outcome"])
 VERSION = Gauge("switchps_model_version", "Current model version")
 log = logging.getLogger("switchps.ps")
-H = TypeVar("H", pb.InitHeader, pb.PushHeader, pb.PullRequest)
+EVENTS_PER_REASON = 100
+"""Rejections of one kind beyond this many are counted but no longer logged as events (a flood of bad
+requests must not fill the disk)."""
 
 
 class ParameterServer:
@@ -78,6 +83,7 @@ class ParameterServer:
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
+        self.guard: Guard | None = None  # set by ``server.Server`` when the PS has a secret
 
     # ---- driving the core -----------------------------------------------------------------------
 
@@ -155,6 +161,7 @@ class ParameterServer:
 
     async def register(self, req: pb.RegisterRequest, ctx: grpc.aio.ServicerContext) -> pb.RegisterReply:
         try:
+            self._as_worker(ctx, req.worker, "Register")
             check_layout(req.layout, self.max_model_bytes)
             self.core.check_register(req.worker, req.shard_size)
             first = self._adopt(req)
@@ -209,7 +216,8 @@ class ParameterServer:
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
         frames = self._frames(ctx)
-        header, first = decode(await _first(frames), pb.InitHeader)
+        header, first = decode(await first_frame(frames), pb.InitHeader)
+        self._as_worker(ctx, header.worker, "Init")
         layout = self.layout
         if layout is None:
             raise precondition("not_registered", "register before Init")
@@ -218,13 +226,14 @@ class ParameterServer:
         if header.layout_digest != layout.digest:
             raise precondition("layout", "the initial values' layout differs from the registered one")
         values = np.empty(layout_size(layout), np.float32)
-        if not await _fill(PayloadWriter(values, check_finite=True), first, frames, ctx):
+        if not await fill(PayloadWriter(values, check_finite=True), first, frames, ctx):
             raise invalid("non_finite", "initial values are not finite")
         return header.worker, layout, values
 
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
             req, _ = decode(request, pb.PullRequest)
+            self._as_worker(ctx, req.worker, "Pull")
             if req.worker != -1 and req.worker not in self.core.members.registered:
                 raise invalid("unknown_worker", f"unknown worker id {req.worker}")
         except Rejected as r:
@@ -247,7 +256,7 @@ class ParameterServer:
 
     async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         """A push whose payload and reply each fit in one frame (models up to INLINE_BYTES)."""
-        return b"".join([f async for f in self._push(_one(frame), ctx, stream=False)])
+        return b"".join([f async for f in self._push(one(frame), ctx, stream=False)])
 
     async def _push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
                     stream: bool = True) -> AsyncIterator[bytes]:
@@ -256,7 +265,7 @@ class ParameterServer:
         except Rejected as r:
             await self._reject(ctx, "push", r)
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
-            self._count_rejection("push", Rejected("CANCELLED", "cancelled", "cancelled by the client"))
+            self.count_rejection("push", Rejected("CANCELLED", "cancelled", "cancelled by the client"))
             raise
         if self.link is not None:
             await self.link.inbound.transfer(self.store.nbytes)
@@ -277,7 +286,8 @@ class ParameterServer:
     async def _receive_push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
                             stream: bool) -> tuple[Push, pb.StepStats]:
         """Validate a push and read it to the end of its stream; the core sees it only if this returns."""
-        h, first = decode(await _first(frames), pb.PushHeader)
+        h, first = decode(await first_frame(frames), pb.PushHeader)
+        self._as_worker(ctx, h.worker, "Push")
         self.store.check(h.layout_digest, h.nbytes)
         s = h.stats
         self.core.check_push(h.worker, h.samples, h.base_version, (
@@ -285,7 +295,7 @@ class ParameterServer:
             abs(s.loss_sum)))
         grad = self.store.buffers.get()
         try:
-            if not await _fill(PayloadWriter(grad, check_finite=True), first, frames, ctx, stream):
+            if not await fill(PayloadWriter(grad, check_finite=True), first, frames, ctx, stream):
                 raise invalid("non_finite", "gradient has NaN or inf values")
         except BaseException:
             self.store.buffers.put(grad)
@@ -324,16 +334,23 @@ class ParameterServer:
             yield frame
 
     async def _reject(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> NoReturn:
-        self._count_rejection(rpc, r)
+        self.count_rejection(rpc, r)
         await ctx.abort(getattr(grpc.StatusCode, r.code), str(r))
         raise AssertionError("abort returned")  # pragma: no cover - grpc's abort always raises
 
-    def _count_rejection(self, rpc: str, r: Rejected) -> None:
+    def _as_worker(self, ctx: grpc.aio.ServicerContext, worker: int, rpc: str) -> None:
+        """With a guard, ``Rejected`` (PERMISSION_DENIED) unless the caller's token is worker ``worker``'s
+        (-1: the caller must not be a worker)."""
+        if self.guard is not None:
+            authorize_worker(self.guard.caller(ctx.invocation_metadata()), worker, rpc)
+
+    def count_rejection(self, rpc: str, r: Rejected) -> None:
         self.rec.reject(rpc, r.reason)
-        self.rec.event(f"{rpc}_rejected", reason=r.reason, message=str(r), version=self.core.version)
-        log.warning("%s rejected (%s): %s", rpc, r.reason, r)
         if rpc == "push":
             PUSHES.labels("rejected").inc()
+        if self.rec.rejections[f"{rpc}:{r.reason}"] <= EVENTS_PER_REASON:
+            self.rec.event(f"{rpc}_rejected", reason=r.reason, message=str(r), version=self.core.version)
+            log.warning("%s rejected (%s): %s", rpc, r.reason, r)
 
     def handler(self) -> grpc.GenericRpcHandler:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
@@ -353,48 +370,3 @@ class ParameterServer:
 
 def _order(o: WorkOrder) -> pb.WorkOrder:
     return pb.WorkOrder(**dataclasses.asdict(o))
-
-
-def decode(frame0: bytes, header_type: type[H]) -> tuple[H, memoryview]:
-    """Frame 0's header and inline payload; a malformed frame is rejected."""
-    try:
-        return decode_header(frame0, header_type)
-    except FrameError as e:
-        raise invalid("malformed", str(e)) from None
-
-
-async def _first(frames: AsyncIterator[bytes]) -> bytes:
-    try:
-        return await anext(frames)
-    except StopAsyncIteration:
-        raise invalid("empty", "the stream ended before its first frame") from None
-
-
-async def _fill(writer: PayloadWriter, first: memoryview, frames: AsyncIterator[bytes],
-                ctx: grpc.aio.ServicerContext, stream: bool = True) -> bool:
-    """Receive the whole payload; returns whether it is finite. It counts only if the stream ended cleanly:
-    grpc reports a stream that broke (a frame over the size cap, the client's deadline) as a plain end of
-    stream, so the end of a ``stream`` is confirmed by sending the reply's initial metadata, which fails on
-    a broken call. A unary request arrives whole or not at all."""
-    try:
-        if len(first):
-            writer.add(first)
-        async for frame in frames:
-            writer.add(frame)
-        finite = writer.finish()
-    except FrameError as e:
-        raise invalid("size", str(e)) from None
-    remaining = ctx.time_remaining()
-    try:
-        if remaining is not None and remaining <= 0:
-            raise TimeoutError
-        if stream:
-            await ctx.send_initial_metadata(())
-    except Exception:
-        raise Rejected("CANCELLED", "broken_stream", "the stream broke before its end") from None
-    return finite
-
-
-async def _one(frame: bytes) -> AsyncIterator[bytes]:
-    yield frame
-

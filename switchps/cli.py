@@ -159,7 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from switchps.runrecord import console
     from switchps.status import status_table
 
-    console().print(status_table(args.target))
+    console().print(status_table(args.target, args.config))
     return 0
 
 
@@ -199,6 +199,19 @@ def cmd_study(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / spec.study
     run_study(spec, out, quiet=args.quiet)
     print(out / "study.json")
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from switchps.certs import write_dir
+
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    try:
+        paths = write_dir(Path(args.dir), hosts, args.days)
+    except FileExistsError as e:
+        raise RunDirError(f"certs: {e}; choose an empty directory") from None
+    for name, path in paths.items():
+        print(f"{name}: {path}")
     return 0
 
 
@@ -244,6 +257,7 @@ def parser() -> argparse.ArgumentParser:
     x.set_defaults(func=cmd_export)
     stt = sub.add_parser("status", help="where a run stands: version, protocol, progress, workers, evaluation")
     stt.add_argument("target", metavar="RUN_DIR|HOST:PORT")
+    stt.add_argument("--config", help="for HOST:PORT: the run config naming the secret and TLS files")
     stt.set_defaults(func=cmd_status)
     pl = sub.add_parser("plot", help="write PNG plots of a run directory")
     pl.add_argument("run_dir")
@@ -260,6 +274,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--min-fraction", type=float, default=1 / 64, help="stop halving below this")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(func=cmd_tune_switch)
+    ct = sub.add_parser("certs", help="make a development CA and TLS certificates for the PS and its clients")
+    ct.add_argument("dir", help="an empty or new directory for ca.pem, server.pem, client.pem and their keys")
+    ct.add_argument("--hosts", default="", help="comma-separated names/IPs clients reach the PS at "
+                                                "(localhost and 127.0.0.1 are always included)")
+    ct.add_argument("--days", type=int, default=365, help="validity of every certificate")
+    ct.set_defaults(func=cmd_certs)
     _study_parser(sub.add_parser("study", help="run a study: arms x seeds, mean ± 95 % CI per arm"))
     return p
 

@@ -26,30 +26,20 @@ from pydantic import (
 )
 
 from switchps.checks import Role, data_problems, model_problems, optimizer_problems, policy_problems
-from switchps.problems import ConfigError, Problems, describe, did_you_mean
+from switchps.problems import ConfigError, Problems, describe, did_you_mean, under
 from switchps.ps_server.optimizers import OPTIMIZERS
 from switchps.ps_server.protocols import PROTOCOLS
 from switchps.ps_server.schedules import SCHEDULES, make_schedule
 from switchps.worker.data import DATASETS
+from switchps.schema import MAX_BATCH, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Section
+from switchps.policy_config import PolicySpec, SwitchSpec
+from switchps.security_config import SecuritySpec
 from switchps.straggler_config import StragglerSpec
 from switchps.yamlfile import apply_override, read_yaml
 
-__all__ = ["ConfigError", "RunConfig", "load_config", "parse_config"]
-
-MAX_WORKERS = 1024
-"""Each worker is a process and two PS server threads; protobuf counts workers in int32."""
-MAX_BATCH = 2**20
-"""Samples per step: one step's micro-batches are NumPy arrays built at once."""
-MAX_STEPS = 2**31 - 1
-"""Model versions and schedule steps: far beyond any run, and within every int32/int64 on the wire."""
-MAX_SEED = 2**32 - 1
-"""NumPy's legacy seeding (used by keras.utils.set_random_seed) takes [0, 2**32 - 1]."""
-MAX_THREADS = 256
-"""TensorFlow op threads per process."""
+__all__ = ["ConfigError", "PolicySpec", "RunConfig", "SwitchSpec", "load_config", "parse_config"]
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _role(info: ValidationInfo) -> Role | None:
@@ -58,7 +48,9 @@ def _role(info: ValidationInfo) -> Role | None:
 
 class Cluster(Section):
     ps: str = "127.0.0.1:0"
-    """host:port of the PS; port 0 lets `switchps run` pick a free one."""
+    """host:port clients reach the PS at; port 0 lets `switchps run` pick a free one."""
+    bind: str | None = None
+    """host:port the PS listens on (default: `ps` itself, loopback unless `ps` names another host)."""
     workers: int | list[str] = 4
     """Number of local workers, or the list of worker addresses (one per host); at most 1024."""
     startup_timeout_s: float = Field(120.0, gt=0)
@@ -82,9 +74,11 @@ class Cluster(Section):
             raise ValueError(f"at most {MAX_WORKERS} workers, got {n}")
         return v
 
-    @field_validator("ps")
+    @field_validator("ps", "bind")
     @classmethod
-    def _address(cls, v: str) -> str:
+    def _address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         host, sep, port = v.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ValueError(f"expected host:port, got {v!r}")
@@ -252,45 +246,6 @@ class NetworkSpec(Section):
     times as long as one. Loopback alone makes communication nearly free."""
 
 
-class SwitchSpec(Section):
-    """What a live protocol switch does to the optimizer."""
-
-    lr: Literal["linear", "keep"] | float = "linear"
-    """linear: scale the learning rate by new/old effective batch; keep; or a factor f applied as f when
-    the effective batch grows and 1/f when it shrinks."""
-    optimizer_state: Literal["keep", "reset", "scale"] = "keep"
-    """Momentum/Adam moments at a protocol switch; keeping them is what Sync-Switch found best."""
-    state_scale: float = Field(1.0, ge=0)
-    momentum: Literal["keep", "asynchrony", "cut"] = "keep"
-    """asynchrony: entering ASP/SSP with N workers, lower the momentum by the 1 - 1/N that asynchrony itself
-    adds (Mitliagkas et al., "Asynchrony begets momentum", 2016) and raise the learning rate so that
-    lr / (1 - momentum) is unchanged; cut: lower the momentum the same way without raising the learning
-    rate; a round-based protocol gets the configured momentum back."""
-    restore_updates: int = Field(0, ge=0, le=MAX_STEPS)
-    """asynchrony: raise the learning rate to its restored value linearly over this many updates after a
-    switch, starting from the cut's (0: at once)."""
-    warmup_updates: int = Field(0, ge=0, le=MAX_STEPS)
-    """After a switch, the learning rate rises linearly from 1/N of its value to all of it over N updates."""
-
-
-class PolicySpec(Section):
-    name: str | None = None
-    """schedule | greedy | elastic | anytime | dynamic_batching | module:Class (None: no policy)."""
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    every_k: int = Field(10, gt=0, le=MAX_STEPS)
-    """Under ASP/SSP the policy is consulted every k updates (every round otherwise); at most 2**31 - 1."""
-    window: int = Field(5, gt=0, le=2**20)
-    """Recent steps per worker in the stats snapshot (kept in memory; at most 2**20)."""
-    on_switch: SwitchSpec = Field(default_factory=SwitchSpec)
-
-    @model_validator(mode="after")
-    def _builds(self) -> "PolicySpec":
-        """Policies run in the PS, so every process can build one: a bad name or kwargs fails here."""
-        if self.name is not None and (problems := policy_problems(self.name, self.kwargs)):
-            raise Problems(problems)
-        return self
-
-
 class TrainSpec(Section):
     steps: int | None = Field(None, gt=0, le=MAX_STEPS)
     """Stop after this many model updates (versions), at most 2**31 - 1."""
@@ -354,12 +309,16 @@ class RunConfig(Section):
     stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    security: SecuritySpec = Field(default_factory=SecuritySpec)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "RunConfig":
+    def _cross_checks(self, info: ValidationInfo) -> "RunConfig":
         n = self.cluster.num_workers
+        problems = under("security", self.security.role_problems(_role(info)))
         if self.protocol.backup_workers >= n:
-            raise Problems([("protocol.backup_workers", f"must be below the number of workers ({n})")])
+            problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
+        if problems:
+            raise Problems(problems)
         return self
 
     def run_dir_name(self) -> str:

@@ -42,6 +42,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from switchps.auth import new_secret
+from switchps.channels import ClientSecurity, client_security
 from switchps.config import RunConfig
 from switchps.worker.client import PSClient, wait_for_ps
 
@@ -198,7 +200,7 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None) -> t
     with sigint_as_flag() as ctrl_c:
         try:
             children.append(spawn("ps", roles["ps"], run_dir))
-            _wait_for_ps(cfg.cluster.ps, children[0], ctrl_c)
+            _wait_for_ps(cfg.cluster.ps, children[0], ctrl_c, client_security(cfg, "status"))
             for role, args in list(roles.items())[1:]:
                 ctrl_c.check()
                 children.append(spawn(role, args, run_dir))
@@ -213,23 +215,36 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None) -> t
 
 
 def _new_run_dir(cfg: RunConfig) -> Path:
-    """A fresh run directory holding the config, with a free port chosen if the config says 0."""
+    """A fresh run directory holding the config, with a free port chosen if the config says 0, and a
+    fresh run secret if the config names none (and is not explicitly insecure)."""
     host, _, port = cfg.cluster.ps.rpartition(":")
     if port == "0":
         cfg.cluster.ps = f"{host}:{free_port(host)}"
     run_dir = Path(cfg.output.dir) / cfg.run_dir_name()
     run_dir.mkdir(parents=True)
+    sec = cfg.security
+    if sec.secret_file is None and sec.secret_env is None and not sec.insecure:
+        sec.secret_file = str(_write_secret(run_dir / "secret").resolve())
     (run_dir / "config.yaml").write_text(cfg.dump())
     return run_dir
 
 
-def _wait_for_ps(address: str, ps: Child, ctrl_c: CtrlC, timeout_s: float = 60.0) -> None:
+def _write_secret(path: Path) -> Path:
+    """A fresh run secret in ``path``, readable by its owner only from the moment it exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(new_secret() + "\n")
+    return path
+
+
+def _wait_for_ps(address: str, ps: Child, ctrl_c: CtrlC, security: ClientSecurity,
+                 timeout_s: float = 60.0) -> None:
     end = time.monotonic() + timeout_s
     while True:
         ctrl_c.check()
         check([ps])
         try:
-            wait_for_ps(address, timeout_s=1.0)
+            wait_for_ps(address, timeout_s=1.0, security=security)
             return
         except TimeoutError:
             if time.monotonic() > end:
@@ -239,7 +254,7 @@ def _wait_for_ps(address: str, ps: Child, ctrl_c: CtrlC, timeout_s: float = 60.0
 def _follow(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC, restarts: Restarts) -> None:
     """Show progress until the PS finishes, restarting children that die; raise if one fails for good
     or Ctrl-C is pressed first."""
-    client = PSClient(cfg.cluster.ps, timeout_s=2.0)
+    client = PSClient(cfg.cluster.ps, timeout_s=2.0, security=client_security(cfg, "status"))
     try:
         _progress(cfg, children, quiet, ctrl_c, client, restarts)
     finally:

@@ -1,6 +1,8 @@
 """`switchps status RUN_DIR|HOST:PORT`: where a run stands, live while it trains.
 
-From the PS (its Status RPC): version, protocol, progress, active workers, the latest test accuracy.
+From the PS (its Status RPC, with the status role's token): version, protocol, progress, active
+workers, the latest test accuracy. A run directory's config names the PS and its secret; for a bare
+address, ``config`` does.
 From the run directory, when given one: workers excluded by a policy, each worker's recent step
 times, the last evaluation, and the summary once the run has finished.
 """
@@ -12,24 +14,30 @@ import json
 from pathlib import Path
 
 import numpy as np
-import yaml
+import grpc
 from rich.table import Table
 
+from switchps.channels import ClientSecurity, client_security
+from switchps.config import load_config
 from switchps.errors import RunDirError
 
 RECENT_STEPS = 10
 
 
-def status_table(target: str) -> Table:
-    """The status of the run in directory ``target``, or of the PS at address ``target``."""
+def status_table(target: str, config: str | None = None) -> Table:
+    """The status of the run in directory ``target``, or of the PS at address ``target`` (whose secret
+    and TLS files ``config`` names)."""
     run_dir = Path(target) if Path(target).is_dir() else None
     if run_dir is not None and not (run_dir / "config.yaml").is_file():
         raise RunDirError(f"{target} is not a run directory (no config.yaml)")
-    address = yaml.safe_load((run_dir / "config.yaml").read_text())["cluster"]["ps"] if run_dir else target
+    path = run_dir / "config.yaml" if run_dir else config
+    cfg = load_config(path) if path else None
+    address = cfg.cluster.ps if run_dir and cfg else target
+    security = client_security(cfg, "status") if cfg else ClientSecurity()
     t = Table(title=f"switchps status: {target}", show_header=False)
     t.add_column("field")
     t.add_column("value")
-    for key, value in _from_ps(address):
+    for key, value in _from_ps(address, security):
         t.add_row(key, value)
     if run_dir is not None:
         for key, value in _from_run_dir(run_dir):
@@ -37,14 +45,14 @@ def status_table(target: str) -> Table:
     return t
 
 
-def _from_ps(address: str) -> list[tuple[str, str]]:
+def _from_ps(address: str, security: ClientSecurity) -> list[tuple[str, str]]:
     from switchps.worker.client import PSClient
 
-    client = PSClient(address, timeout_s=2.0)
+    client = PSClient(address, timeout_s=2.0, security=security)
     try:
         s = client.status()
-    except Exception as e:  # not reachable: the run has ended, or not started, or the address is wrong
-        return [("PS", f"{address}: not reachable ({type(e).__name__})")]
+    except grpc.RpcError as e:  # the run has ended or not started, the address is wrong, or access refused
+        return [("PS", f"{address}: {e.code().name.lower()} ({e.details()})")]
     finally:
         client.close()
     return [("PS", address), ("version", str(s.version)), ("protocol", s.protocol),

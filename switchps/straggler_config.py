@@ -9,17 +9,15 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from switchps.schema import Section
 
 MIXTURES: dict[str, list[list[float]]] = {
     "niagara": [[0, 0, .4], [0, .4, .3], [2, .3, .2], [5, .3, .1]],
     "cedar": [[0, 0, .4], [.05, .04, .3], [.15, .03, .2], [.25, .03, .1]],
 }
 """AMB's straggler mixtures: rows of [mean_s, std_s, weight]."""
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _check_indices(v: list[int] | None, what: str) -> list[int] | None:
@@ -33,7 +31,7 @@ def _check_indices(v: list[int] | None, what: str) -> list[int] | None:
     return v
 
 
-class MixtureSpec(_Spec):
+class MixtureSpec(Section):
     """An i.i.d. sleep per worker per step: pick a row by weight, draw |N(mean, std)|, clip."""
 
     preset: Literal["niagara", "cedar"] | None = None
@@ -87,7 +85,7 @@ class MixtureSpec(_Spec):
         return float(np.max(means + 5 * stds))
 
 
-class SlowdownSpec(_Spec):
+class SlowdownSpec(Section):
     """Persistent heterogeneous hardware: worker index -> compute slowdown factor."""
 
     factors: dict[int, float]
@@ -103,7 +101,7 @@ class SlowdownSpec(_Spec):
         return v
 
 
-class TransientSpec(_Spec):
+class TransientSpec(Section):
     """Sync-Switch style episodes: for ``duration_s``, some workers are slowed or sleep extra."""
 
     workers: int | list[int] = 1
@@ -151,7 +149,7 @@ class TransientSpec(_Spec):
         return self
 
 
-class CommDelaySpec(_Spec):
+class CommDelaySpec(Section):
     """A delay before each push: constant, or |N(0, sigma)| drawn per push."""
 
     fixed_s: float | None = Field(None, ge=0)
@@ -164,7 +162,7 @@ class CommDelaySpec(_Spec):
         return self
 
 
-class StragglerSpec(_Spec):
+class StragglerSpec(Section):
     """Which stragglers to inject; all kinds combine. ``trace`` replays a recording instead."""
 
     mixture: MixtureSpec | None = None

@@ -10,7 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from switchps import auth
+from switchps.channels import ClientSecurity, ServerSecurity
 from switchps.config import parse_config
+from switchps.security_config import TLSSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.main import build_ps, prepare_run_dir
 from switchps.protos.layout import make_layout
@@ -114,9 +117,11 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
                   train: dict | None = None, optimizer: dict | None = None, chunk_bytes: int | None = None,
                   policy: dict | None = None, link_mbit_s: float | None = None,
                   receive_timeout_s: float = 30.0, state: int = 0, checkpoint: dict | None = None,
-                  resume: bool = False) -> LiveCluster:
+                  resume: bool = False, security: ServerSecurity = ServerSecurity(),
+                  tls: TLSSpec | None = None) -> LiveCluster:
     """A real PS on loopback with ``workers`` fake workers holding ``size`` parameters and ``state``
-    non-trainable values (pushed after the gradient, averaged per update)."""
+    non-trainable values (pushed after the gradient, averaged per update). With ``security`` the PS
+    checks tokens (and serves TLS); each fake worker holds its own token and ``tls`` client files."""
     raw = {
         "cluster": {"ps": "127.0.0.1:0", "workers": workers, "startup_timeout_s": 5},
         "optimizer": optimizer or {"name": "sgd", "learning_rate": 1.0},
@@ -131,12 +136,14 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
     ps = build_ps(cfg, tmp_path, prepare_run_dir(cfg, tmp_path, resume))
     if chunk_bytes:
         ps.store.chunk_bytes = chunk_bytes
-    server = Server(ps, "127.0.0.1:0")
-    address = f"127.0.0.1:{server.port}"
+    server = Server(ps, "127.0.0.1:0", security)
+    address = f"localhost:{server.port}" if security.tls else f"127.0.0.1:{server.port}"
     layout = make_layout([("w", (size,))], [("s", (state,))] if state else [])
     fakes = []
     for i in range(workers):
-        client = PSClient(address, chunk_bytes or 2 * 1024 * 1024, timeout_s=30)
+        token = auth.token(security.secret, "worker", i) if security.secret else None
+        client = PSClient(address, chunk_bytes or 2 * 1024 * 1024, timeout_s=30,
+                          security=ClientSecurity(token, tls or security.tls))
         reg = client.register(i, layout, shard_size=100)
         if reg.send_init:
             client.init(i, layout, np.zeros(size + state, np.float32))

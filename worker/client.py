@@ -17,6 +17,7 @@ from typing import TypeVar
 import grpc
 import numpy as np
 
+from switchps.channels import ClientSecurity
 from switchps.errors import PSUnreachable
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
@@ -77,14 +78,17 @@ class Reply:
 
 
 class PSClient:
-    """One channel to the PS. ``params`` is the caller's flat float32 buffer that pulls fill."""
+    """One channel to the PS, with this client's credentials on every call. ``params`` is the caller's
+    flat float32 buffer that pulls fill."""
 
-    def __init__(self, address: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = None) -> None:
+    def __init__(self, address: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = None,
+                 security: ClientSecurity = ClientSecurity()) -> None:
         tune_allocator()
         self.address = address
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(address, options=grpc_options())
+        self._md = security.metadata
+        self.channel = security.channel(address, grpc_options())
         raw = dict(request_serializer=None, response_deserializer=None)
         self._register = self.channel.unary_unary(
             SERVICE + "Register", pb.RegisterRequest.SerializeToString, pb.RegisterReply.FromString)
@@ -105,18 +109,20 @@ class PSClient:
     def register(self, worker: int, layout: pb.Layout, shard_size: int, wait: bool = True) -> pb.RegisterReply:
         """Register (again, after an outage: ``wait=False`` fails at once if the PS is still down)."""
         return self._register(pb.RegisterRequest(worker=worker, layout=layout, shard_size=shard_size),
-                              timeout=self.timeout_s, wait_for_ready=wait)
+                              timeout=self.timeout_s, wait_for_ready=wait,
+                              metadata=self._md)
 
     def status(self) -> pb.Status:
-        return self._status(pb.StatusRequest(), timeout=self.timeout_s)
+        return self._status(pb.StatusRequest(), timeout=self.timeout_s, metadata=self._md)
 
     def report_eval(self, version: int, test_loss: float, test_accuracy: float, final: bool = False) -> pb.Status:
         return self._eval(pb.EvalReport(version=version, test_loss=test_loss, test_accuracy=test_accuracy,
-                                        final=final), timeout=self.timeout_s)
+                                        final=final), timeout=self.timeout_s, metadata=self._md)
 
     def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
         header = pb.InitHeader(worker=worker, layout_digest=layout.digest, nbytes=values.nbytes)
-        frames = self._init(encode_array(header, values, self.chunk_bytes), timeout=self.timeout_s)
+        frames = self._init(encode_array(header, values, self.chunk_bytes), timeout=self.timeout_s,
+                            metadata=self._md)
         reply, _ = decode_header(next(frames), pb.InitReply)
         return reply.order
 
@@ -124,16 +130,17 @@ class PSClient:
              wait_initialized: bool = False) -> Reply:
         request = next(encode(pb.PullRequest(worker=worker, have_version=have_version,
                                              wait_initialized=wait_initialized)))
-        return self._read_reply(self._pull(request, timeout=self.timeout_s), params, pb.PullReply)
+        return self._read_reply(self._pull(request, timeout=self.timeout_s, metadata=self._md), params,
+                                pb.PullReply)
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """Push a summed gradient; the reply's parameters are written into ``params``."""
         header.nbytes = grad_sum.nbytes
         frames = encode_array(header, grad_sum, self.chunk_bytes)
         if grad_sum.nbytes <= INLINE_BYTES:
-            return self._read_reply(iter([self._push_small(next(frames), timeout=self.timeout_s)]), params,
-                                    pb.PushReply)
-        return self._read_reply(self._push(frames, timeout=self.timeout_s), params, pb.PushReply)
+            reply = self._push_small(next(frames), timeout=self.timeout_s, metadata=self._md)
+            return self._read_reply(iter([reply]), params, pb.PushReply)
+        return self._read_reply(self._push(frames, timeout=self.timeout_s, metadata=self._md), params, pb.PushReply)
 
     @staticmethod
     def _read_reply(frames: Iterator[bytes], params: np.ndarray,
@@ -144,12 +151,12 @@ class PSClient:
         return Reply(reply, fresh=reply.nbytes > 0)
 
 
-def wait_for_ps(address: str, timeout_s: float) -> None:
-    """Block until the PS answers its health check."""
+def wait_for_ps(address: str, timeout_s: float, security: ClientSecurity = ClientSecurity()) -> None:
+    """Block until the PS answers its health check (over TLS, if the PS speaks it)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     end = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as ch:
+    with security.channel(address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             try:

@@ -17,6 +17,7 @@ import grpc
 import keras
 import numpy as np
 
+from switchps.channels import client_security
 from switchps.config import RunConfig
 from switchps.worker.client import PSClient, Reconnect
 from switchps.worker.data import Dataset
@@ -33,7 +34,7 @@ def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
     evaluate = Evaluator(model, data)
     evaluate()  # trace before the PS starts the clock
     weights = FlatWeights(model)
-    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
+    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes, security=client_security(cfg, "evaluator"))
     retry = Reconnect(cfg.cluster.ps, cfg.cluster.reconnect_s)
     values = np.empty(weights.size, np.float32)
     version = retry(lambda: client.pull(values, wait_initialized=True)).order.version

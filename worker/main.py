@@ -15,6 +15,7 @@ import secrets
 
 import numpy as np
 
+from switchps.channels import client_security
 from switchps.config import RunConfig
 
 from switchps.protos import switchps_pb2 as pb
@@ -34,7 +35,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     gc = GradientComputer(model, data.input_shape)
     gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     layout = gc.weights.layout()
-    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes)
+    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes, security=client_security(cfg, "worker", index))
 
     def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
         if client.register(index, layout, len(x), wait).send_init:  # a PS that has no model yet

@@ -1,0 +1,90 @@
+"""Credentials: one run secret, a token per role, and what each role may call.
+
+A token is ``<role>.<index>.<mac>`` with ``mac = HMAC-SHA256(secret, "switchps/<role>/<index>")``, sent
+as ``authorization: Bearer <token>`` call metadata. So one secret configures a whole cluster, each
+process holds only its own role's token, and a token names the one identity it grants: worker ``i``
+can push and register only as worker ``i``. Verification recomputes the MAC and compares in constant
+time (``hmac.compare_digest``); no token is cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from switchps.ps_server.events import Rejected
+
+METADATA_KEY = "authorization"
+ROLES = ("worker", "evaluator", "status")
+PERMITTED: dict[str, frozenset[str]] = {
+    "worker": frozenset({"Register", "Init", "Push", "PushSmall", "Pull"}),
+    "evaluator": frozenset({"Pull", "Eval", "Status"}),
+    "status": frozenset({"Status"}),
+}
+"""The RPCs each role may call; a worker's also carry its index, which must be its own."""
+MAX_TOKEN_CHARS = 128
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a verified token says the caller is; ``index`` is a worker's, 0 for the other roles."""
+
+    role: str
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"worker {self.index}" if self.role == "worker" else self.role
+
+
+def new_secret() -> str:
+    """A fresh run secret: 32 random bytes, hex-encoded."""
+    return secrets.token_hex(32)
+
+
+def _mac(secret: bytes, role: str, index: int) -> str:
+    return hmac.new(secret, f"switchps/{role}/{index}".encode(), hashlib.sha256).hexdigest()
+
+
+def token(secret: bytes, role: str, index: int = 0) -> str:
+    """The credential of ``role`` (worker ``index``) under the run ``secret``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+    return f"{role}.{index}.{_mac(secret, role, index)}"
+
+
+def metadata(tok: str) -> tuple[tuple[str, str], ...]:
+    """The call metadata that carries ``tok``."""
+    return ((METADATA_KEY, f"Bearer {tok}"),)
+
+
+def verify(secret: bytes, header: str | None) -> Caller:
+    """The caller an ``authorization`` header proves, or ``Rejected`` (UNAUTHENTICATED)."""
+    if header is None:
+        raise Rejected("UNAUTHENTICATED", "no_token", "no credentials: this PS requires a token")
+    scheme, _, tok = header.partition(" ")
+    role, _, rest = tok.partition(".")
+    index, _, mac = rest.partition(".")
+    well_formed = scheme == "Bearer" and len(tok) <= MAX_TOKEN_CHARS and role in ROLES and \
+        index.isdigit() and len(index) <= 6
+    expected = _mac(secret, role, int(index)) if well_formed else ""
+    if not well_formed or not hmac.compare_digest(expected.encode(), mac.encode()):
+        raise Rejected("UNAUTHENTICATED", "bad_token", "invalid credentials")
+    return Caller(role, int(index))
+
+
+def authorize(caller: Caller, rpc: str) -> None:
+    """``Rejected`` (PERMISSION_DENIED) unless ``caller``'s role may call ``rpc``."""
+    if rpc not in PERMITTED[caller.role]:
+        raise Rejected("PERMISSION_DENIED", "role", f"{caller} may not call {rpc}")
+
+
+def authorize_worker(caller: Caller | None, worker: int, rpc: str) -> None:
+    """``Rejected`` (PERMISSION_DENIED) unless ``caller`` may act as ``worker`` (-1: not a worker)."""
+    if caller is None:
+        return
+    allowed = caller.index == worker if caller.role == "worker" else worker == -1
+    if not allowed:
+        who = f"worker {worker}" if worker >= 0 else "a non-worker"
+        raise Rejected("PERMISSION_DENIED", "identity", f"{caller} may not call {rpc} as {who}")
