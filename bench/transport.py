@@ -7,18 +7,21 @@ payload of the same size back:
   grpcio runs by default ("stock"), and with the allocator tuning switchps
   applies to itself (``tune_allocator``), which makes raw grpcio faster too.
 - switchps: a real ASP push (validation, ΣG/Σb apply with SGD, new snapshot)
-  whose reply carries the fresh parameters, through ``PSClient``.
-Each server runs in its own process, as in a deployment; the three variants
+  whose reply carries the fresh parameters, through ``PSClient``, measured three
+  ways: plaintext with no authentication, plaintext with a token on every call
+  (``auth``), and TLS with a token (``tls``, a development CA from ``switchps.certs``).
+Each server runs in its own process, as in a deployment; the variants
 alternate in blocks so that drift on a noisy machine hits them alike. Ratios
 are of medians (> 1: switchps is faster). Prints JSON.
 
-    python bench/transport.py [--sizes-mb 1 16 100] [--reps 7]
+    python bench/transport.py [--sizes-mb 1 16 100] [--reps 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +31,10 @@ from concurrent import futures
 import grpc
 import numpy as np
 
+from switchps import auth
+from switchps.channels import ClientSecurity, ServerSecurity
 from switchps.jsonfile import dumps
+from switchps.security_config import TLSSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator
 from switchps.protos.layout import make_layout
@@ -54,7 +60,10 @@ def serve_raw(port: int, chunk_bytes: int, tuned: bool) -> None:
     server.wait_for_termination()
 
 
-def serve_ps(port: int) -> None:
+SECRET_ENV = "SWITCHPS_BENCH_SECRET"  # the secret reaches the PS processes by environment, never argv
+
+
+def serve_ps(port: int, tls_dir: str | None) -> None:
     import tempfile
     import threading
     from pathlib import Path
@@ -65,13 +74,20 @@ def serve_ps(port: int) -> None:
 
     cfg = parse_config({"cluster": {"workers": 1}, "protocol": {"name": "asp"},
                         "optimizer": {"name": "sgd", "learning_rate": 1e-6}, "train": {"steps": 10**9}})
-    server = Server(build_ps(cfg, Path(tempfile.mkdtemp(prefix="switchps-bench-"))), f"127.0.0.1:{port}")
+    secret = os.environ.get(SECRET_ENV, "").encode() or None
+    security = ServerSecurity(secret, _tls(tls_dir) if tls_dir else None)
+    server = Server(build_ps(cfg, Path(tempfile.mkdtemp(prefix="switchps-bench-"))), f"127.0.0.1:{port}", security)
     threading.Event().wait()  # serve until killed
     server.stop()
 
 
-def _spawn(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, *args])
+def _tls(d: str) -> TLSSpec:
+    return TLSSpec(cert=f"{d}/server.pem", key=f"{d}/server.key", ca=f"{d}/ca.pem")
+
+
+def _spawn(*args: str, secret: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, SECRET_ENV: secret} if secret else None
+    return subprocess.Popen([sys.executable, __file__, *args], env=env)
 
 
 def _timed(fn, reps: int, warmup: int = 3) -> list[float]:
@@ -103,10 +119,11 @@ def raw_client(port: int, nbytes: int, chunk_bytes: int, reps: int, tuned: bool)
         return _timed(lambda: sum(len(f) for f in call(iter(chunks))), reps)
 
 
-def bench_switchps(port: int, nbytes: int, worker: int, reps: int) -> tuple[list[float], float]:
+def bench_switchps(address: str, nbytes: int, worker: int, reps: int,
+                   security: ClientSecurity = ClientSecurity()) -> tuple[list[float], float]:
     """Seconds per push+pull, and payload bytes copied per byte moved (client side)."""
     size = nbytes // 4
-    client = PSClient(f"127.0.0.1:{port}")
+    client = PSClient(address, security=security)
     layout = make_layout([(f"w{size}", (size,))])
     reg = client.register(worker, layout, shard_size=1)
     if reg.send_init:
@@ -138,6 +155,7 @@ def main() -> None:
     ap.add_argument("--tuned", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tls-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
     chunk = int(args.chunk_mb * 2**20)
     if args.client_raw:
@@ -145,41 +163,59 @@ def main() -> None:
     if args.serve in ("raw", "raw-tuned"):
         return serve_raw(args.port, chunk, tuned=args.serve == "raw-tuned")
     if args.serve == "ps":
-        return serve_ps(args.port)
-
-    from switchps.launcher import free_port
-
-    results = []
-    for mb in args.sizes_mb:
-        nbytes = int(mb * 2**20) // 4 * 4
-        raw_port, tuned_port, ps_port = free_port(), free_port(), free_port()
-        procs = [_spawn("--serve", "raw", "--port", str(raw_port), "--chunk-mb", str(args.chunk_mb)),
-                 _spawn("--serve", "raw-tuned", "--port", str(tuned_port), "--chunk-mb", str(args.chunk_mb)),
-                 _spawn("--serve", "ps", "--port", str(ps_port))]
-        try:
-            wait_for_ps(f"127.0.0.1:{ps_port}", 60)
-            times: dict[str, list[float]] = {"raw_default": [], "raw_tuned": [], "switchps": []}
-            for _ in range(args.blocks):  # alternate, so drift on a noisy machine hits every variant alike
-                times["raw_default"] += bench_raw(raw_port, nbytes, chunk, args.reps, tuned=False)
-                times["raw_tuned"] += bench_raw(tuned_port, nbytes, chunk, args.reps, tuned=True)
-                ours, copies = bench_switchps(ps_port, nbytes, 0, args.reps)
-                times["switchps"] += ours
-        finally:
-            for p in procs:
-                p.kill()
-                p.wait()
-        med = {k: statistics.median(v) for k, v in times.items()}
-        gbps = lambda s: round(2 * nbytes / s / 1e9, 3)  # noqa: E731 - up + down per round trip
-        results.append({
-            "size_mb": mb,
-            **{f"{k}_gb_s": gbps(v) for k, v in med.items()},
-            **{f"{k}_median_ms": round(v * 1e3, 2) for k, v in med.items()},
-            "ratio_vs_stock_grpcio": round(med["raw_default"] / med["switchps"], 3),
-            "ratio_vs_tuned_grpcio": round(med["raw_tuned"] / med["switchps"], 3),
-            "client_copies_per_byte": round(copies, 3),
-        })
+        return serve_ps(args.port, args.tls_dir)
+    results = [bench_size(mb, chunk, args) for mb in args.sizes_mb]
     print(dumps({"benchmark": "transport", "chunk_mb": args.chunk_mb, "round_trips_per_variant":
                       args.reps * args.blocks, "results": results}, indent=2))
+
+
+def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
+    """Every variant at one size, alternating in blocks; ratios of medians."""
+    import tempfile
+    from pathlib import Path
+
+    from switchps.certs import write_dir
+    from switchps.launcher import free_port
+
+    nbytes = int(mb * 2**20) // 4 * 4
+    secret, tls_dir = auth.new_secret(), tempfile.mkdtemp(prefix="switchps-bench-tls-")
+    write_dir(Path(tls_dir), [])
+    ports = {k: free_port() for k in ("raw", "raw-tuned", "ps", "auth", "tls")}
+    procs = [_spawn("--serve", k, "--port", str(ports[k]), "--chunk-mb", str(args.chunk_mb))
+             for k in ("raw", "raw-tuned")]
+    procs += [_spawn("--serve", "ps", "--port", str(ports["ps"])),
+              _spawn("--serve", "ps", "--port", str(ports["auth"]), secret=secret),
+              _spawn("--serve", "ps", "--port", str(ports["tls"]), "--tls-dir", tls_dir, secret=secret)]
+    token = auth.token(secret.encode(), "worker", 0)
+    clients = {"switchps": (f"127.0.0.1:{ports['ps']}", ClientSecurity()),
+               "switchps_auth": (f"127.0.0.1:{ports['auth']}", ClientSecurity(token)),
+               "switchps_tls": (f"localhost:{ports['tls']}", ClientSecurity(token, _tls(tls_dir)))}
+    try:
+        for address, security in clients.values():
+            wait_for_ps(address, 60, security)
+        times: dict[str, list[float]] = {k: [] for k in ("raw_default", "raw_tuned", *clients)}
+        for _ in range(args.blocks):  # alternate, so drift on a noisy machine hits every variant alike
+            times["raw_default"] += bench_raw(ports["raw"], nbytes, chunk, args.reps, tuned=False)
+            times["raw_tuned"] += bench_raw(ports["raw-tuned"], nbytes, chunk, args.reps, tuned=True)
+            for name, (address, security) in clients.items():
+                ours, copies = bench_switchps(address, nbytes, 0, args.reps, security)
+                times[name] += ours
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    gbps = lambda s: round(2 * nbytes / s / 1e9, 3)  # noqa: E731 - up + down per round trip
+    return {
+        "size_mb": mb,
+        **{f"{k}_gb_s": gbps(v) for k, v in med.items()},
+        **{f"{k}_median_ms": round(v * 1e3, 2) for k, v in med.items()},
+        "ratio_vs_stock_grpcio": round(med["raw_default"] / med["switchps"], 3),
+        "ratio_vs_tuned_grpcio": round(med["raw_tuned"] / med["switchps"], 3),
+        "auth_time_ratio": round(med["switchps_auth"] / med["switchps"], 3),
+        "tls_time_ratio": round(med["switchps_tls"] / med["switchps"], 3),
+        "client_copies_per_byte": round(copies, 3),
+    }
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import field_validator, model_validator
 
-from switchps.problems import Problem, Problems
+from switchps.problems import Problem, Problems, under
 from switchps.schema import Section
 
 MIN_SECRET_CHARS = 32
@@ -32,7 +32,8 @@ def _readable(path: str | None) -> str | None:
 class TLSSpec(Section):
     """PEM files. The PS serves with ``cert``/``key``; clients verify it against ``ca``. With
     ``require_client_cert`` the PS also verifies each client's certificate against ``ca`` (mTLS), and
-    clients present ``client_cert``/``client_key``."""
+    clients present ``client_cert``/``client_key``. Each role needs (and checks) only its own files, so
+    a worker host holds no server key."""
 
     cert: str | None = None
     key: str | None = None
@@ -41,20 +42,21 @@ class TLSSpec(Section):
     client_key: str | None = None
     require_client_cert: bool = False
 
-    _files = field_validator("cert", "key", "ca", "client_cert", "client_key")(_readable)
-
-    @model_validator(mode="after")
-    def _complete(self) -> "TLSSpec":
-        problems = [(f, "required with tls") for f in ("cert", "key", "ca") if getattr(self, f) is None]
-        if self.require_client_cert:
-            problems += [(f, "required with require_client_cert: true") for f in ("client_cert", "client_key")
-                         if getattr(self, f) is None]
-        if (self.client_cert is None) != (self.client_key is None):
-            problems.append(("client_key" if self.client_key is None else "client_cert",
-                             "client_cert and client_key go together"))
-        if problems:
-            raise Problems(problems)
-        return self
+    def role_problems(self, role: str | None) -> list[Problem]:
+        """The files ``role`` needs that are missing or unreadable."""
+        if role is None:
+            return []
+        needed = ["ca"] + (["cert", "key"] if role in ("run", "ps") else [])
+        if self.require_client_cert and role != "ps":
+            needed += ["client_cert", "client_key"]
+        problems: list[Problem] = []
+        for f in needed:
+            try:
+                if _readable(getattr(self, f)) is None:
+                    problems.append((f, "required" + (" with require_client_cert: true" if "client" in f else "")))
+            except ValueError as e:
+                problems.append((f, str(e)))
+        return problems
 
 
 class SecuritySpec(Section):
@@ -89,13 +91,14 @@ class SecuritySpec(Section):
         return self
 
     def role_problems(self, role: str | None) -> list[Problem]:
-        """What stops the command ``role`` from starting: its secret is missing."""
+        """What stops the command ``role`` from starting: its secret or its TLS files are missing."""
+        problems = under("tls", self.tls.role_problems(role)) if self.tls is not None else []
         if self.secret_env is not None and role is not None and not os.environ.get(self.secret_env):
-            return [("secret_env", f"the environment variable {self.secret_env} is not set")]
+            problems.append(("secret_env", f"the environment variable {self.secret_env} is not set"))
         if self.secret_file is None and self.secret_env is None and not self.insecure and role in SECRET_ROLES:
-            return [("", "no run secret: set security.secret_file or security.secret_env (the same on every "
-                         "host), or security.insecure: true on a trusted network")]
-        return []
+            problems.append(("", "no run secret: set security.secret_file or security.secret_env (the same on "
+                                 "every host), or security.insecure: true on a trusted network"))
+        return problems
 
     def secret_value(self) -> bytes | None:
         """The run secret's bytes, or None when the config names none (or its variable is unset)."""

@@ -204,3 +204,30 @@ def test_tokens_name_one_identity():
         with pytest.raises(Exception) as e:
             auth.verify(SECRET, header)
         assert getattr(e.value, "code", None) == "UNAUTHENTICATED"
+
+
+def test_security_config_problems_name_their_fields_for_each_role(tmp_path, monkeypatch):
+    from switchps.config import ConfigError, parse_config
+
+    def problems(security: dict, role: str) -> list[str]:
+        with pytest.raises(ConfigError) as e:
+            parse_config({"security": security}, role=role)
+        return e.value.problems
+
+    assert problems({}, "ps") == ["security: no run secret: set security.secret_file or security.secret_env (the "
+                                  "same on every host), or security.insecure: true on a trusted network"]
+    parse_config({}, role="run")  # `switchps run` makes a secret itself
+    loose = tmp_path / "loose"
+    loose.write_text("s" * 64)
+    loose.chmod(0o644)
+    assert problems({"secret_file": str(loose)}, "worker") == [
+        f"security.secret_file: {loose}: readable by other users; chmod 600 {loose}"]
+    monkeypatch.delenv("NO_SUCH_SECRET", raising=False)
+    assert problems({"secret_env": "NO_SUCH_SECRET"}, "evaluator") == [
+        "security.secret_env: the environment variable NO_SUCH_SECRET is not set"]
+    assert problems({"insecure": True, "tls": {"require_client_cert": True}}, "worker") == [
+        "security.tls.ca: required", "security.tls.client_cert: required with require_client_cert: true",
+        "security.tls.client_key: required with require_client_cert: true"]
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(make_ca().cert)
+    parse_config({"security": {"insecure": True, "tls": {"ca": str(ca)}}}, role="worker")  # no server key needed
