@@ -34,7 +34,7 @@ EXAMPLES = sorted(Path(str(files("switchps.configs"))).glob("*.yaml"))
 def test_bad_config_exits_2_with_one_line_naming_the_field(tmp_path, capsys, yaml_text, field):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)
-    assert main(["ps", str(path)]) == 2
+    assert main(["ps", str(path), "--set", "security.insecure=true"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("switchps: config error: ") and field in err, err

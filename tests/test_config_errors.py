@@ -156,7 +156,7 @@ def _unprivileged():
 def test_unreadable_file(tmp_path, capsys):
     path = tmp_path / "secret.yaml"
     path.write_text("train: {steps: 1}\n")
-    path.chmod(0)
+    path.chmod(0)  # unreadable: nothing inside it is checked
     try:
         with _unprivileged():
             code = main(["ps", str(path)])
@@ -183,7 +183,7 @@ def test_console_script_reports_everything_at_once(tmp_path):
 
 @pytest.mark.parametrize("role", [["worker", "--index", "0"], ["evaluator"]])
 def test_worker_and_evaluator_say_where_the_dataset_goes(tmp_path, role):
-    (tmp_path / "cfg.yaml").write_text("data: {name: cifar10}\n")
+    (tmp_path / "cfg.yaml").write_text("data: {name: cifar10}\nsecurity: {insecure: true}\n")
     proc = _script(role[0], "cfg.yaml", *role[1:], cwd=tmp_path, env={"KERAS_HOME": str(tmp_path / "k")})
     assert proc.returncode == 2
     where = tmp_path / "k" / "datasets" / "cifar-10-batches-py" / "data_batch_1"
@@ -236,7 +236,7 @@ def test_ps_finds_a_user_model_without_running_it(tmp_path, monkeypatch):
     (tmp_path / "pkg_boom").mkdir()
     (tmp_path / "pkg_boom" / "__init__.py").write_text("raise RuntimeError('package ran in the PS')\n")
     (tmp_path / "pkg_boom" / "models.py").write_text("def build(input_shape, num_classes):\n    pass\n")
-    (tmp_path / "cfg.yaml").write_text("model: {name: 'pkg_boom.models:build'}\n")
+    (tmp_path / "cfg.yaml").write_text("model: {name: 'pkg_boom.models:build'}\nsecurity: {insecure: true}\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delitem(sys.modules, "pkg_boom", raising=False)
@@ -244,7 +244,7 @@ def test_ps_finds_a_user_model_without_running_it(tmp_path, monkeypatch):
     assert "pkg_boom" not in sys.modules
     with pytest.raises(ConfigError, match="raised RuntimeError: package ran in the PS"):
         load_config("cfg.yaml", role="run")
-    (tmp_path / "cfg.yaml").write_text("model: {name: 'pkg_boom.nothing:build'}\n")
+    (tmp_path / "cfg.yaml").write_text("model: {name: 'pkg_boom.nothing:build'}\nsecurity: {insecure: true}\n")
     with pytest.raises(ConfigError, match="model.name: .*No module named 'pkg_boom.nothing'"):
         load_config("cfg.yaml", role="ps")
 

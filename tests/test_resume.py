@@ -113,7 +113,8 @@ def test_a_new_ps_refuses_a_run_directory_that_holds_a_run(tmp_path):
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(RunDirError, match="already holds a run"):
         prepare_run_dir(parse_config({}), tmp_path, resume=False)
-    proc = subprocess.run([SWITCHPS, "ps", str(CONFIGS / "asp.yaml"), "--run-dir", str(tmp_path)],
+    proc = subprocess.run([SWITCHPS, "ps", str(CONFIGS / "asp.yaml"), "--run-dir", str(tmp_path),
+                           "--set", "security.insecure=true"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert [line for line in proc.stderr.splitlines() if "switchps:" in line] == \
