@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
+import grpc
+
 from switchps import EXIT_CONFIG, EXIT_INTERRUPTED, __version__
 from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
@@ -315,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     except PSUnreachable as e:
         print(f"switchps: {args.command}: {e}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as e:
+        if e.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            raise
+        print(f"switchps: {args.command}: the PS refused this process ({e.code().name}: {e.details()}); "
+              "does it use the PS's secret (security.secret_file or secret_env)?", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # `launch` has stopped every child before raising it
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a repeated Ctrl-C must not interrupt the exit

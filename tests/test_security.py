@@ -231,3 +231,28 @@ def test_security_config_problems_name_their_fields_for_each_role(tmp_path, monk
     ca = tmp_path / "ca.pem"
     ca.write_bytes(make_ca().cert)
     parse_config({"security": {"insecure": True, "tls": {"ca": str(ca)}}}, role="worker")  # no server key needed
+
+
+def test_a_role_refused_by_the_ps_exits_1_in_one_line(secure, tmp_path, capsys, monkeypatch):
+    from switchps import cli
+
+    wrong = tmp_path / "wrong"
+    wrong.write_text("w" * 64)
+    wrong.chmod(0o600)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"cluster: {{ps: '{secure.address}', workers: 2}}\nsecurity: {{secret_file: {wrong}}}\n")
+
+    def evaluator(args) -> int:  # the evaluator's first call, without loading TensorFlow
+        from switchps.channels import client_security
+        from switchps.config import load_config
+
+        c = load_config(args.config, role="evaluator")
+        PSClient(c.cluster.ps, timeout_s=10, security=client_security(c, "evaluator")).status()
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_evaluator", evaluator)
+    assert cli.main(["evaluator", str(cfg)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["switchps: evaluator: the PS refused this process (UNAUTHENTICATED: invalid credentials); "
+                   "does it use the PS's secret (security.secret_file or secret_env)?"]
+    assert secure.rec.rejections == {"status:bad_token": 1}
