@@ -116,15 +116,17 @@ def test_asynchrony_momentum_rule_and_optimizer_state():
     assert h.lr_scale == pytest.approx(0.25 * 8.5) and h.momentum == pytest.approx(0.15)
     h.switch(name="bsp")
     assert h.lr_scale == pytest.approx(1.0) and h.momentum == pytest.approx(0.9)
-    kept = Harness(workers=4, momentum=0.9)
+    kept = Harness(workers=4, momentum=0.9, on_switch={"momentum": "keep"})
     kept.switch(name="asp")
-    assert kept.lr_scale == pytest.approx(0.25) and kept.momentum == 0.9, "momentum kept by default"
+    assert kept.lr_scale == pytest.approx(0.25) and kept.momentum == 0.9
 
 
-def test_the_momentum_cut_alone_does_not_raise_the_learning_rate():
-    h = Harness(workers=4, momentum=0.9, on_switch={"momentum": "cut"})
-    h.switch(name="asp")
-    assert h.lr_scale == pytest.approx(0.25) and h.momentum == pytest.approx(0.15)
+def test_the_momentum_cut_alone_does_not_raise_the_learning_rate_and_is_the_default():
+    for h in (Harness(workers=4, momentum=0.9, on_switch={"momentum": "cut"}), Harness(workers=4, momentum=0.9)):
+        h.switch(name="asp")
+        assert h.lr_scale == pytest.approx(0.25) and h.momentum == pytest.approx(0.15)
+        h.switch(name="bsp")
+        assert h.lr_scale == pytest.approx(1.0) and h.momentum == pytest.approx(0.9)
 
 
 def factors_after_switch(h: Harness, updates: int) -> list[float]:
