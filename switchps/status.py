@@ -52,7 +52,8 @@ def _from_ps(address: str, security: ClientSecurity) -> list[tuple[str, str]]:
     try:
         s = client.status()
     except grpc.RpcError as e:  # the run has ended or not started, the address is wrong, or access refused
-        return [("PS", f"{address}: {e.code().name.lower()} ({e.details()})")]
+        what = "not reachable" if e.code() == grpc.StatusCode.UNAVAILABLE else "refused"
+        return [("PS", f"{address}: {what} ({e.code().name}: {e.details()})")]
     finally:
         client.close()
     return [("PS", address), ("version", str(s.version)), ("protocol", s.protocol),

@@ -256,3 +256,22 @@ def test_a_role_refused_by_the_ps_exits_1_in_one_line(secure, tmp_path, capsys, 
     assert err == ["switchps: evaluator: the PS refused this process (UNAUTHENTICATED: invalid credentials); "
                    "does it use the PS's secret (security.secret_file or secret_env)?"]
     assert secure.rec.rejections == {"status:bad_token": 1}
+
+
+def test_status_of_a_secured_ps_uses_the_run_directory_secret(secure, tmp_path):
+    from switchps.runrecord import console
+    from switchps.status import status_table
+
+    secret = tmp_path / "run-secret"
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    (secure.run_dir / "config.yaml").write_text(
+        f"cluster: {{ps: '{secure.address}', workers: 2}}\nsecurity: {{secret_file: {secret}}}\n")
+    con = console()
+    with con.capture() as out:
+        con.print(status_table(str(secure.run_dir)))
+    assert "active workers" in out.get() and "refused" not in out.get()
+    with con.capture() as out:
+        con.print(status_table(secure.address))
+    assert "refused (UNAUTHENTICATED: no credentials" in out.get()
+    assert secure.rec.rejections == {"status:no_token": 1}
