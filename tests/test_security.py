@@ -207,9 +207,10 @@ def test_tokens_name_one_identity():
 
 
 def test_security_config_problems_name_their_fields_for_each_role(tmp_path, monkeypatch):
+    from switchps.checks import Role
     from switchps.config import ConfigError, parse_config
 
-    def problems(security: dict, role: str) -> list[str]:
+    def problems(security: dict, role: Role) -> list[str]:
         with pytest.raises(ConfigError) as e:
             parse_config({"security": security}, role=role)
         return e.value.problems
