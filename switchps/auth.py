@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 from switchps.ps_server.events import Rejected
 
@@ -41,6 +43,15 @@ class Caller:
 def new_secret() -> str:
     """A fresh run secret: 32 random bytes, hex-encoded."""
     return secrets.token_hex(32)
+
+
+def write_private(path: Path, data: bytes) -> Path:
+    """Create ``path`` holding ``data``, readable by its owner only from the moment it exists; an
+    existing file is never overwritten (``FileExistsError``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
 
 
 def _mac(secret: bytes, role: str, index: int) -> str:

@@ -7,7 +7,6 @@ signed with SHA-256. ``write_dir`` lays out the six files ``switchps certs DIR``
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -17,6 +16,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from switchps.auth import write_private
 
 CLIENT_NAME = "switchps client"
 CLIENT_SAN = "switchps-client"
@@ -104,14 +105,6 @@ def issue(ca: Issued, common_name: str, hosts: Sequence[str], server: bool, days
     return _issued(cert, key)
 
 
-def _write_key(path: Path, data: bytes) -> None:
-    """Write a private key readable by its owner only, even if the file already existed."""
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(fd, 0o600)
-        f.write(data)
-
-
 def write_dir(directory: Path, hosts: Sequence[str], days: int = 365) -> dict[str, Path]:
     """Make ``directory`` with a new CA and a server and client certificate, each with its key.
 
@@ -130,5 +123,5 @@ def write_dir(directory: Path, hosts: Sequence[str], days: int = 365) -> dict[st
     for (cert_role, key_role), issued in zip([("ca", "ca_key"), ("server_cert", "server_key"),
                                               ("client_cert", "client_key")], [ca, server, client]):
         paths[cert_role].write_bytes(issued.cert)
-        _write_key(paths[key_role], issued.key)
+        write_private(paths[key_role], issued.key)
     return paths

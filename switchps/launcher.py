@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from switchps.auth import new_secret
+from switchps.auth import new_secret, write_private
 from switchps.channels import ClientSecurity, client_security
 from switchps.config import RunConfig
 from switchps.worker.client import PSClient, wait_for_ps
@@ -224,17 +224,9 @@ def _new_run_dir(cfg: RunConfig) -> Path:
     run_dir.mkdir(parents=True)
     sec = cfg.security
     if sec.secret_file is None and sec.secret_env is None and not sec.insecure:
-        sec.secret_file = str(_write_secret(run_dir / "secret").resolve())
+        sec.secret_file = str(write_private(run_dir / "secret", f"{new_secret()}\n".encode()).resolve())
     (run_dir / "config.yaml").write_text(cfg.dump())
     return run_dir
-
-
-def _write_secret(path: Path) -> Path:
-    """A fresh run secret in ``path``, readable by its owner only from the moment it exists."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(new_secret() + "\n")
-    return path
 
 
 def _wait_for_ps(address: str, ps: Child, ctrl_c: CtrlC, security: ClientSecurity,
