@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from switchps.auth import METADATA_KEY, Caller, authorize, verify
+from switchps.auth import METADATA_KEY, Caller, admitted, authorize, verify
 from switchps.ps_server.events import Rejected
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
@@ -49,8 +49,19 @@ class Guard(grpc.aio.ServerInterceptor):
 
     def caller(self, md: Sequence[tuple[str, Any]] | None) -> Caller:
         """Who the call's token proves the caller is; ``Rejected`` (UNAUTHENTICATED) if it proves nothing."""
-        values = [v for k, v in md or () if k == METADATA_KEY]
-        return verify(self._secret, values[0] if len(values) == 1 and isinstance(values[0], str) else None)
+        return verify(self._secret, _header(md))
+
+    @staticmethod
+    def admitted(md: Sequence[tuple[str, Any]] | None) -> Caller:
+        """The caller of a call this guard let through: its token was verified on the way in, so a
+        handler learns who called without a second HMAC on the push path."""
+        return admitted(_header(md))
+
+
+def _header(md: Sequence[tuple[str, Any]] | None) -> str | None:
+    """The call's one ``authorization`` value (None if absent, repeated or not text)."""
+    values = [v for k, v in md or () if k == METADATA_KEY]
+    return values[0] if len(values) == 1 and isinstance(values[0], str) else None
 
 
 def _refusal(handler: grpc.RpcMethodHandler, r: Rejected) -> grpc.RpcMethodHandler:

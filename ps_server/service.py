@@ -342,7 +342,7 @@ class ParameterServer:
         """With a guard, ``Rejected`` (PERMISSION_DENIED) unless the caller's token is worker ``worker``'s
         (-1: the caller must not be a worker)."""
         if self.guard is not None:
-            authorize_worker(self.guard.caller(ctx.invocation_metadata()), worker, rpc)
+            authorize_worker(self.guard.admitted(ctx.invocation_metadata()), worker, rpc)
 
     def count_rejection(self, rpc: str, r: Rejected) -> None:
         self.rec.reject(rpc, r.reason)
