@@ -33,7 +33,6 @@ class ServerSecurity:
         t = self.tls
         if t is None:
             return None
-        assert t.cert and t.key and t.ca, "TLSSpec requires them"
         return grpc.ssl_server_credentials([(_read(t.key), _read(t.cert))], root_certificates=_read(t.ca),
                                            require_client_auth=t.require_client_cert)
 
@@ -60,7 +59,7 @@ class ClientSecurity:
 
 
 def _read(path: str | None) -> bytes:
-    assert path is not None
+    assert path is not None, "the role's config check requires the file"
     return Path(path).read_bytes()
 
 
