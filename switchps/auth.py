@@ -106,10 +106,8 @@ def authorize(caller: Caller, rpc: str) -> None:
         raise Rejected("PERMISSION_DENIED", "role", f"{caller} may not call {rpc}")
 
 
-def authorize_worker(caller: Caller | None, worker: int, rpc: str) -> None:
+def authorize_worker(caller: Caller, worker: int, rpc: str) -> None:
     """``Rejected`` (PERMISSION_DENIED) unless ``caller`` may act as ``worker`` (-1: not a worker)."""
-    if caller is None:
-        return
     allowed = caller.index == worker if caller.role == "worker" else worker == -1
     if not allowed:
         who = f"worker {worker}" if worker >= 0 else "a non-worker"
