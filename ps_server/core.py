@@ -25,7 +25,7 @@ from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server import core_state, observer
 from switchps.ps_server.events import (
     Action, Apply, Batches, Count, Effect, Membership, Outcome, Push, Record, Recycle, Release, SetOptimizer,
-    StepReport, Update, WorkOrder, invalid, load_membership, membership_state, precondition,
+    StepReport, Update, WorkOrder, invalid, precondition,
 )
 from switchps.ps_server.overhead import SwitchRecord
 from switchps.ps_server.protocols import PROTOCOLS, make_protocol

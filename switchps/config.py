@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
-)
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from switchps.checks import Role, data_problems, model_problems, optimizer_problems, policy_problems
+from switchps.checks import Role, data_problems, model_problems, optimizer_problems
 from switchps.problems import ConfigError, Problems, describe, did_you_mean, under
 from switchps.ps_server.optimizers import OPTIMIZERS
 from switchps.ps_server.protocols import PROTOCOLS
