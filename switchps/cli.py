@@ -282,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
                                                 "(localhost and 127.0.0.1 are always included)")
     ct.add_argument("--days", type=int, default=365, help="validity of every certificate")
     ct.set_defaults(func=cmd_certs)
-    _study_parser(sub.add_parser("study", help="run a study: arms x seeds, mean ± 95 % CI per arm"))
+    _study_parser(sub.add_parser("study", help="run a study: arms x seeds, mean ± 95 %% CI per arm"))
     return p
 
 
