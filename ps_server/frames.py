@@ -1,5 +1,5 @@
-"""Reading a request's frames on the PS: frame 0's header, the payload to the end of its stream, and the
-confirmation that the stream really ended (see ``fill``)."""
+"""Reading requests on the PS: a unary request's message, frame 0's header, the payload to the end of its
+stream, and the confirmation that the stream really ended (see ``fill``)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,26 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import FrameError, PayloadWriter, decode_header
 from switchps.ps_server.events import Rejected, invalid
 
 H = TypeVar("H", pb.InitHeader, pb.PushHeader, pb.PullRequest)
+U = TypeVar("U", pb.RegisterRequest, pb.StatusRequest, pb.EvalReport)
+
+
+def parse(body: bytes, message_type: type[U]) -> U:
+    """A unary request's body as ``message_type``. Bytes that are no such message are the caller's error
+    (INVALID_ARGUMENT, counted), not the server's: grpc's own deserializer would answer UNKNOWN and log a
+    traceback for each one."""
+    message = message_type()
+    try:
+        message.ParseFromString(body)
+    except DecodeError:
+        raise invalid("malformed", f"the request is not a valid {message_type.__name__}") from None
+    return message
 
 
 def decode(frame0: bytes, header_type: type[H]) -> tuple[H, memoryview]:

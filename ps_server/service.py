@@ -42,7 +42,7 @@ from switchps.protos.codec import PayloadWriter, aencode, encode
 from switchps.protos.layout import layout_size
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core import Core
-from switchps.ps_server.frames import decode, fill, first_frame, one
+from switchps.ps_server.frames import decode, fill, first_frame, one, parse
 from switchps.ps_server.guard import Guard
 from switchps.ps_server.events import (
     Action, Apply, Count, Push, Record, Rejected, Release, SetOptimizer, StepReport, WorkOrder, invalid,
@@ -61,6 +61,8 @@ log = logging.getLogger("switchps.ps")
 EVENTS_PER_REASON = 100
 """Rejections of one kind beyond this many are counted but no longer logged as events (a flood of bad
 requests must not fill the disk)."""
+LOG_EVERY_S = 60.0
+"""The PS log gets at most one line per kind of rejection this often."""
 
 
 class ParameterServer:
@@ -82,6 +84,7 @@ class ParameterServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
+        self._logged: dict[str, float] = {}  # kind of rejection -> when a line about it was last logged
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
         self.guard: Guard | None = None  # set by ``server.Server`` when the PS has a secret
 
@@ -159,8 +162,9 @@ class ParameterServer:
 
     # ---- control ----------------------------------------------------------------------------
 
-    async def register(self, req: pb.RegisterRequest, ctx: grpc.aio.ServicerContext) -> pb.RegisterReply:
+    async def register(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.RegisterReply:
         try:
+            req = parse(body, pb.RegisterRequest)
             self._as_worker(ctx, req.worker, "Register")
             check_layout(req.layout, self.max_model_bytes)
             self.core.check_register(req.worker, req.shard_size)
@@ -181,7 +185,14 @@ class ParameterServer:
                                          "(same model config on every worker?)")
         return first
 
-    async def status(self, req: pb.StatusRequest, ctx: grpc.aio.ServicerContext) -> pb.Status:
+    async def status(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
+        try:
+            parse(body, pb.StatusRequest)
+        except Rejected as r:
+            await self._reject(ctx, "status", r)
+        return self._status()
+
+    def _status(self) -> pb.Status:
         core = self.core
         return pb.Status(
             version=core.version, protocol=core.spec.name, done=core.done, samples=core.samples,
@@ -189,8 +200,9 @@ class ParameterServer:
             final_eval_done=self.final_eval is not None, total_steps=core.train.steps or 0,
             progress=core.progress(self.clock()), active_workers=len(core.members.active))
 
-    async def eval_report(self, req: pb.EvalReport, ctx: grpc.aio.ServicerContext) -> pb.Status:
+    async def eval_report(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
         try:
+            req = parse(body, pb.EvalReport)
             check_eval(req, self.core.version, self.core.done)
         except Rejected as r:
             await self._reject(ctx, "eval", r)
@@ -199,7 +211,7 @@ class ParameterServer:
         if req.final:
             self.final_eval = req
             self.final_evaluated.set()
-        return await self.status(pb.StatusRequest(), ctx)
+        return self._status()
 
     # ---- tensors ----------------------------------------------------------------------------
 
@@ -345,22 +357,28 @@ class ParameterServer:
             authorize_worker(self.guard.admitted(ctx.invocation_metadata()), worker, rpc)
 
     def count_rejection(self, rpc: str, r: Rejected) -> None:
+        """Count a refused call; the first ``EVENTS_PER_REASON`` of a kind are events, and the PS log gets at
+        most one line per kind every ``LOG_EVERY_S`` (an anonymous caller must not fill the disk)."""
+        kind = f"{rpc}:{r.reason}"
         self.rec.reject(rpc, r.reason)
         if rpc == "push":
             PUSHES.labels("rejected").inc()
-        if self.rec.rejections[f"{rpc}:{r.reason}"] <= EVENTS_PER_REASON:
+        n = self.rec.rejections[kind]
+        if n <= EVENTS_PER_REASON:
             self.rec.event(f"{rpc}_rejected", reason=r.reason, message=str(r), version=self.core.version)
-            log.warning("%s rejected (%s): %s", rpc, r.reason, r)
+        now, last = self.clock(), self._logged.get(kind)
+        if last is None or now - last >= LOG_EVERY_S:
+            self._logged[kind] = now
+            log.warning("%s rejected (%s): %s [%d of this kind so far]", rpc, r.reason, r, n)
 
     def handler(self) -> grpc.GenericRpcHandler:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
         return grpc.method_handlers_generic_handler(SERVICE, {
+            # control requests are parsed by their handlers (``frames.parse``), so garbage is refused, counted
             "Register": grpc.unary_unary_rpc_method_handler(
-                self.register, pb.RegisterRequest.FromString, pb.RegisterReply.SerializeToString),
-            "Status": grpc.unary_unary_rpc_method_handler(
-                self.status, pb.StatusRequest.FromString, pb.Status.SerializeToString),
-            "Eval": grpc.unary_unary_rpc_method_handler(
-                self.eval_report, pb.EvalReport.FromString, pb.Status.SerializeToString),
+                self.register, None, pb.RegisterReply.SerializeToString),
+            "Status": grpc.unary_unary_rpc_method_handler(self.status, None, pb.Status.SerializeToString),
+            "Eval": grpc.unary_unary_rpc_method_handler(self.eval_report, None, pb.Status.SerializeToString),
             "Init": grpc.stream_stream_rpc_method_handler(self.init, **raw),
             "Push": grpc.stream_stream_rpc_method_handler(self.push, **raw),
             "PushSmall": grpc.unary_unary_rpc_method_handler(self.push_small, **raw),

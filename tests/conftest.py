@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from switchps import auth
@@ -167,3 +171,39 @@ def cluster_factory(tmp_path):
         for w in c.workers:
             w.client.close()
         c.server.stop(grace=None)
+
+
+def wait_until(cond, timeout_s: float = 10.0, what: str = "the condition") -> None:
+    """Poll ``cond`` (a state the project produces: a count, a file, a version) until it holds."""
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and every descendant it left (a failed test must not leave a run going)."""
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def processes():
+    """``start(args, **popen)``: a process this test owns; whatever of it still runs at teardown is killed."""
+    started: list[subprocess.Popen] = []
+
+    def start(args: list[str], **popen) -> subprocess.Popen:
+        proc = subprocess.Popen(args, **popen)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        kill_tree(proc)

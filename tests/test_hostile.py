@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from conftest import wait_until
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode
 from switchps.protos.layout import make_layout
@@ -62,7 +63,7 @@ def test_a_stream_that_breaks_after_a_complete_first_frame_applies_nothing(clust
     with pytest.raises(grpc.RpcError) as err:
         list(_stream(channel)(stalled(), timeout=0.5))
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    time.sleep(1.5)  # the stalled stream has ended on the server too
+    wait_until(lambda: c.rec.rejections["push:broken_stream"] == 2, what="the stalled stream to end on the PS")
     _unchanged(c, "push:broken_stream", 2)
     assert c.workers[0].push(np.ones(SIZE, np.float32), 4).reply.applied, "a good push still works"
     channel.close()

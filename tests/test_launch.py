@@ -45,6 +45,8 @@ def check_run_dir(run_dir: Path) -> dict:
     evals = rows(run_dir / "eval.csv")
     assert int(evals[-1]["version"]) == summary["updates"]
     assert float(evals[-1]["test_accuracy"]) == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
+    logged = (run_dir / "logs" / "evaluator.log").read_text()
+    assert all(f"evaluator: version {e['version']}, " in logged for e in evals), "each evaluation is logged"
     assert (run_dir / "model.keras").stat().st_size > 0
     assert rows(run_dir / "workers.csv")
     events = [json.loads(x)["event"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
@@ -104,18 +106,19 @@ def test_crashed_worker_stops_everything_and_is_named(tmp_path):
 CTRL_C_BOUND_S = 10.0  # the stated requirement: every process gone within 10 s of Ctrl-C
 
 
-def start_long_run(tmp_path: Path, **popen) -> subprocess.Popen:
-    return subprocess.Popen([SWITCHPS, "run", str(CONFIGS / "asp.yaml"), "--quiet", "--set", f"output.dir={tmp_path}",
-                             "--set", "train.epochs=1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, **popen)
+def start_long_run(start, tmp_path: Path, **popen) -> subprocess.Popen:
+    """A 1,000-epoch ASP run (3 workers) that only a signal ends; ``start`` is the ``processes`` fixture."""
+    return start([SWITCHPS, "run", str(CONFIGS / "asp.yaml"), "--quiet", "--set", f"output.dir={tmp_path}",
+                  "--set", "train.epochs=1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 cwd=tmp_path, **popen)
 
 
-def wait_for_file(pattern: str, root: Path, lines: int = 0, timeout_s: float = 120) -> Path:
-    """The first file matching ``pattern`` once it has more than ``lines`` lines."""
+def wait_for_file(pattern: str, root: Path, lines: int | None = None, timeout_s: float = 120) -> Path:
+    """The first file matching ``pattern`` once it exists (with ``lines``: once it has more lines)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for path in root.glob(pattern):
-            if len(path.read_text(errors="replace").splitlines()) > lines:
+            if lines is None or len(path.read_text(errors="replace").splitlines()) > lines:
                 return path
         time.sleep(0.05)
     raise AssertionError(f"{pattern} never appeared under {root}")
@@ -131,22 +134,10 @@ def seconds_until_all_gone(launcher: subprocess.Popen, tag: str, limit_s: float)
     return None
 
 
-def kill_leftovers(launcher: subprocess.Popen, tag: str) -> None:
-    """SIGKILL whatever a failed test left running, so it cannot slow down the next one."""
-    out = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout.split()
-    for pid in {*map(int, out), launcher.pid}:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    launcher.communicate()
-
-
 def assert_stopped_within_bound(launcher: subprocess.Popen, tag: str) -> str:
     """Every process gone within the bound, exit 130, one clean stderr line; returns stderr."""
     took = seconds_until_all_gone(launcher, tag, CTRL_C_BOUND_S)
-    if took is None:
-        kill_leftovers(launcher, tag)
+    if took is None:  # the ``processes`` fixture kills what is left
         pytest.fail(f"processes still running {CTRL_C_BOUND_S:.0f} s after Ctrl-C")
     _, err = launcher.communicate(timeout=5)
     assert launcher.returncode == 130, err
@@ -154,18 +145,20 @@ def assert_stopped_within_bound(launcher: subprocess.Popen, tag: str) -> str:
     return err
 
 
-def test_ctrl_c_stops_all_processes(tmp_path):
-    launcher = start_long_run(tmp_path)
+def test_ctrl_c_stops_all_processes(tmp_path, processes):
+    launcher = start_long_run(processes, tmp_path)
     ps_csv = wait_for_file("asp-*/ps.csv", tmp_path, lines=5)  # training is under way
     launcher.send_signal(signal.SIGINT)
     assert_stopped_within_bound(launcher, str(tmp_path))
     assert (ps_csv.parent / "logs" / "ps.log").exists()
 
 
-def test_repeated_group_ctrl_c_during_start_up_stops_all_quietly(tmp_path):
+def test_repeated_group_ctrl_c_during_start_up_stops_all_quietly(tmp_path, processes):
     """An impatient Ctrl-C (five, 50 ms apart) as the children start up: they get every SIGINT too."""
-    launcher = start_long_run(tmp_path, start_new_session=True)  # its own group, as a terminal's foreground job
-    wait_for_file("asp-*/logs/evaluator.log", tmp_path)  # the PS is up; the others are spawned and importing
+    launcher = start_long_run(processes, tmp_path, start_new_session=True)  # its own group, as a terminal's job
+    # the launcher opens a role's log as it spawns it, the PS first and, once the PS is healthy, the others:
+    # the last worker's log means every role is spawned, and the workers are still importing
+    wait_for_file("asp-*/logs/worker-2.log", tmp_path)
     for _ in range(5):
         os.killpg(launcher.pid, signal.SIGINT)
         time.sleep(0.05)

@@ -7,27 +7,21 @@ what only a real server shows.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 
+from conftest import wait_until
+
 G = np.float32
-
-
-def _wait_for(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.01)
 
 
 def test_a_bsp_round_holds_each_reply_until_the_last_push_and_sends_the_new_version(cluster_factory):
     c = cluster_factory(workers=3, size=4)
     w0, w1, w2 = c.workers
     p0 = w0.push_async(np.full(4, 3.0, G), 3)
-    _wait_for(lambda: c.rec.counts["accepted"] == 1)
+    wait_until(lambda: c.rec.counts["accepted"] == 1)
     p1 = w1.push_async(np.full(4, 10.0, G), 5)
-    _wait_for(lambda: c.rec.counts["accepted"] == 2)
+    wait_until(lambda: c.rec.counts["accepted"] == 2)
     assert p0.is_alive() and p1.is_alive() and c.core.version == 0, "released before every worker pushed"
     w2.push(np.array([1, 2, 3, 4], G), 2)
     for r, w in ((p0.result(), w0), (p1.result(), w1)):

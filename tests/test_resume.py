@@ -147,10 +147,10 @@ def _kill_ps_after(launcher: subprocess.Popen, out: Path, rows_before: int) -> i
 
 
 @pytest.mark.integration
-def test_switchps_run_restarts_a_killed_ps_and_the_workers_ride_it_out(tmp_path):
-    launcher = subprocess.Popen([SWITCHPS, "run", str(CONFIGS / "asp.yaml"), "--quiet", "--set",
-                                 f"output.dir={tmp_path}", "--set", "checkpoint.every_updates=25"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+def test_switchps_run_restarts_a_killed_ps_and_the_workers_ride_it_out(tmp_path, processes):
+    launcher = processes([SWITCHPS, "run", str(CONFIGS / "asp.yaml"), "--quiet", "--set",
+                          f"output.dir={tmp_path}", "--set", "checkpoint.every_updates=25"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     _kill_ps_after(launcher, tmp_path, rows_before=60)
     _, err = launcher.communicate(timeout=240)
     assert launcher.returncode == 0, err[-3000:]

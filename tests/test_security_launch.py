@@ -29,10 +29,10 @@ def _descendants_cmdlines(pid: int) -> list[str]:
         return []
 
 
-def test_a_local_run_is_authenticated_and_its_secret_is_on_no_command_line(tmp_path):
-    proc = subprocess.Popen([SWITCHPS, "run", "--quiet", "--set", f"output.dir={tmp_path}", "--set",
-                             "cluster.workers=2", "--set", "train.epochs=2"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_local_run_is_authenticated_and_its_secret_is_on_no_command_line(tmp_path, processes):
+    proc = processes([SWITCHPS, "run", "--quiet", "--set", f"output.dir={tmp_path}", "--set",
+                      "cluster.workers=2", "--set", "train.epochs=2"], cwd=tmp_path,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: list[str] = []
     while proc.poll() is None and len(seen) < 4:  # the PS, the evaluator and two workers
         seen = _descendants_cmdlines(proc.pid)

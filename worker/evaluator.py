@@ -51,6 +51,7 @@ def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
             path = save_keras(model, out_dir / "model.keras")  # before the report: the PS exits on it
         if not _report(client, retry, version, loss, acc, final):
             continue
+        log.info("evaluator: version %d, test loss %.4f, test accuracy %.4f", version, loss, acc)
         if final:
             log.info("evaluator: final version %d, test accuracy %.4f, model written to %s", version, acc, path)
             client.close()
