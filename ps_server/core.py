@@ -29,6 +29,7 @@ from switchps.ps_server.events import (
 )
 from switchps.ps_server.overhead import SwitchRecord
 from switchps.ps_server.protocols import PROTOCOLS, make_protocol
+from switchps.ps_server.orders import Orders
 from switchps.ps_server.receipts import Receipts
 from switchps.ps_server.rescale import ramp, rescaled, restore_factor
 
@@ -61,7 +62,7 @@ class Core:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.batches: dict[int, int] = {}   # per-worker sample budgets a policy set
-        self.issued: dict[int, int] = {}    # per worker: the largest sample budget it was ever given
+        self.orders = Orders()  # what each worker's latest work orders allow its next push to claim
         self.pending: tuple[ProtocolSpec, str, str, float] | None = None  # a switch waiting for the round
         self.switches: list[SwitchRecord] = []
         self.update_times: list[tuple[float, str]] = []
@@ -88,29 +89,27 @@ class Core:
         self.first_register = self.first_register or now
         self._activate(worker, "worker_rejoined" if rejoin else "worker_joined", now)
         self._maybe_start(now)
-        return self._flush()
+        return self._flush(now)
 
     def initialized_at(self, now: float) -> list[Action]:
         """The model has its initial values."""
         self.initialized = True
         self._maybe_start(now)
-        return self._flush()
+        return self._flush(now)
 
-    def check_push(self, worker: int, samples: int, base_version: int, stats: Sequence[float] = ()) -> None:
+    def check_push(self, worker: int, samples: int, base_version: int, report: StepReport, now: float,
+                   session: int = 0) -> None:
         """Raise ``Rejected`` unless a push with this header may enter (checked before its payload is read).
 
-        ``stats`` are the step's counts and durations, which feed the record and the policies: each must be
-        finite and not negative."""
-        if not all(math.isfinite(x) and x >= 0 for x in stats):
-            raise invalid("stats", "step statistics must be finite, with durations and step >= 0")
+        The step's statistics feed the record and the policies: each must be finite, not negative, and
+        within what the worker's work order allows (``orders``); its step follows the worker's last one
+        (``receipts``)."""
         if worker not in self.members.registered:
             raise invalid("unknown_worker", f"unknown worker id {worker}")
         if self.started_at is None:
             raise precondition("not_started", "training has not started")
-        budget = self.issued.get(worker, 0)
-        if not 0 < samples <= budget:
-            raise invalid("samples", f"sample count {samples} is not in [1, {budget}], the largest budget "
-                                     "this worker was given")
+        self.orders.check(worker, samples, report, now, now - (self.first_register or now))
+        self.receipts.check(worker, session, report.step)
         if base_version < 0 or (base_version > self.version and not self.resumed):
             raise invalid("version", f"base version {base_version} is not in [0, {self.version}]")
 
@@ -119,13 +118,13 @@ class Core:
         m = self.members
         m.last_seen[p.worker] = now
         if self.receipts.seen(p):
-            return self._retried(p)
+            return self._retried(p, now)
         self.receipts.note(p)
         self._note_step(p, report)
         p.staleness = self.version - p.base_version
         if self.done or p.staleness < 0:  # < 0: computed on a version lost in a crash
             self._drop(p, "finished" if self.done else "lost_version")
-            return self._flush()
+            return self._flush(now)
         if p.worker not in m.active:
             self._activate(p.worker, "worker_rejoined", now)
             self._run(self.protocol.on_membership(m, now), now)
@@ -135,7 +134,7 @@ class Core:
         else:
             self._out.append(Count("accepted"))
         self._run(effect, now)
-        return self._flush()
+        return self._flush(now)
 
     def timer(self, now: float) -> list[Action]:
         """Time passed: start-up timeout, time limit, or the protocol's deadline or window."""
@@ -144,7 +143,7 @@ class Core:
         elif not self.done:
             self._check_finished(now)
             self._run(self.protocol.on_timer(self.members, now), now)
-        return self._flush()
+        return self._flush(now)
 
     def next_timer(self) -> float | None:
         """When ``timer`` should next be called, if ever."""
@@ -161,12 +160,12 @@ class Core:
     def switch(self, new: ProtocolSpec, reason: str, policy: str, now: float) -> list[Action]:
         """Change the protocol or its parameters live (a round in flight completes first)."""
         self._switch(new, reason, policy, now)
-        return self._flush()
+        return self._flush(now)
 
     def decide(self, d: Decision, policy: str, now: float) -> list[Action]:
         """Apply a decision as if a policy named ``policy`` had returned it."""
         self._apply_decision(d, policy, now)
-        return self._flush()
+        return self._flush(now)
 
     # ---- what drivers read --------------------------------------------------------------------
 
@@ -187,11 +186,17 @@ class Core:
         return 1.0 if now >= started + t.seconds else (now - started) / t.seconds
 
     def work_order(self, worker: int = -1) -> WorkOrder:
-        """The next work order for ``worker`` (-1: a reader such as the evaluator, who computes nothing)."""
+        """The work order ``worker`` would get now (-1: a reader such as the evaluator, who computes nothing)."""
         b = self.protocol.budget(worker, self.batches)
-        if worker >= 0:
-            self.issued[worker] = max(b.samples, self.issued.get(worker, 0))
         return WorkOrder(self.spec.name, self.version, b.samples, b.time_s, b.micro_batch, self.done)
+
+    def issue(self, worker: int, now: float, step: bool = False) -> WorkOrder:
+        """``work_order``, given to ``worker`` at ``now``: it bounds the worker's next push (``orders``).
+        ``step``: a new step's order (a push's reply), not the same step's again (a registration, a pull)."""
+        order = self.work_order(worker)
+        if worker >= 0:
+            self.orders.issue(worker, order.sample_budget, now, step)
+        return order
 
     def view(self, now: float) -> ClusterView:
         """What the policy sees: a frozen view of the cluster now."""
@@ -210,10 +215,10 @@ class Core:
 
     # ---- running effects ----------------------------------------------------------------------
 
-    def _flush(self) -> list[Action]:
+    def _flush(self, now: float) -> list[Action]:
         """The event's actions; replies last, with work orders as the event left things (a switch that
         completed with a round already reaches the workers that round releases)."""
-        out = self._out + [Release(p.id, p.worker, o, self.work_order(p.worker)) for p, o in self._replies]
+        out = self._out + [Release(p.id, p.worker, o, self.issue(p.worker, now, step=True)) for p, o in self._replies]
         self._out, self._replies = [], []
         return out
 
@@ -254,7 +259,7 @@ class Core:
         self.recycle(p.grad)
         self._replies.append((p, Outcome(False, p.staleness, 0.0, f"dropped: {reason}")))
 
-    def _retried(self, p: Push) -> list[Action]:
+    def _retried(self, p: Push, now: float) -> list[Action]:
         """A push sent again: it takes the original's place if that still waits, else it is a duplicate."""
         original = next((w for w in self.protocol.waiting() if (w.worker, w.step) == (p.worker, p.step)), None)
         if original is None:
@@ -263,7 +268,7 @@ class Core:
             original.id = p.id
             self.recycle(p.grad)
             self._out.append(Record("push_retried", {"worker": p.worker, "step": p.step, "version": self.version}))
-        return self._flush()
+        return self._flush(now)
 
     def _note_step(self, p: Push, report: StepReport) -> None:
         r = self.recent

@@ -29,7 +29,7 @@ def save(core: Core, now: float) -> dict[str, Any]:
         "members": membership_state(core.members),
         "version": core.version, "samples": core.samples,
         "batches": {str(w): b for w, b in core.batches.items()},
-        "issued": {str(w): b for w, b in core.issued.items()},
+        "orders": core.orders.state_dict(),
         "lr_scale": core.lr_scale, "momentum": core.momentum, "since": core._since,
         "initialized": core.initialized, "finished": core.done,
         "elapsed_s": None if core.started_at is None else now - core.started_at,
@@ -52,7 +52,7 @@ def load(core: Core, d: dict[str, Any], now: float) -> None:
     core.protocol.load_state_dict(d["protocol"])
     core.version, core.samples = d["version"], d["samples"]
     core.batches = {int(w): b for w, b in d["batches"].items()}
-    core.issued = {int(w): b for w, b in d["issued"].items()}
+    core.orders.load_state_dict(d["orders"])
     core.lr_scale, core.momentum, core._since = d["lr_scale"], d["momentum"], d["since"]
     core.initialized = d["initialized"]
     core.started_at = None if d["elapsed_s"] is None else now - d["elapsed_s"]

@@ -40,12 +40,18 @@ class Push:
 
 @dataclass(frozen=True)
 class StepReport:
-    """What a worker says about the step that produced a push (its ``StepStats``)."""
+    """What a worker says about the step that produced a push (its ``StepStats``, as plain data)."""
 
     compute_s: float = 0.0
     sleep_s: float = 0.0
     send_s: float = 0.0
     wait_s: float = 0.0
+    step: int = 0
+    loss_sum: float = 0.0
+    delay_sleep_s: float = 0.0
+    delay_factor: float = 0.0
+    delay_comm_s: float = 0.0
+    batch_exhausted: bool = False
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from switchps.ps_server.events import Push
+from switchps.ps_server.events import Push, invalid
 
 
 class Receipts:
@@ -19,6 +19,16 @@ class Receipts:
 
     def __init__(self) -> None:
         self.last: dict[int, tuple[int, int]] = {}  # worker -> (session, step)
+        self.restored: set[int] = set()  # workers whose last receipt predates a restart
+
+    def check(self, worker: int, session: int, step: int) -> None:
+        """Raise ``Rejected`` if ``step`` skips ahead of the worker's last push of the same session (a worker
+        process pushes once per step). After a restart the pushes the crash lost may be missing, so a
+        worker's first receipt since then is taken as it comes."""
+        last = self.last.get(worker)
+        if session != 0 and last is not None and last[0] == session and worker not in self.restored \
+                and step > last[1] + 1:
+            raise invalid("stats", f"step {step} skips ahead of this worker's last step {last[1]}")
 
     def seen(self, p: Push) -> bool:
         """Whether ``p`` repeats a push already received (same session, a step not newer)."""
@@ -28,9 +38,11 @@ class Receipts:
     def note(self, p: Push) -> None:
         if p.session != 0:  # session 0: an unnamed push (a client that does not retry)
             self.last[p.worker] = (p.session, p.step)
+            self.restored.discard(p.worker)
 
     def state_dict(self) -> dict[str, Any]:
         return {str(w): list(v) for w, v in self.last.items()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.last = {int(w): (int(v[0]), int(v[1])) for w, v in d.items()}
+        self.restored = set(self.last)

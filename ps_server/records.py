@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from switchps.jsonfile import dumps, write_json
-from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.events import StepReport
 from switchps.ps_server.tensorboard import TensorBoard
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
@@ -161,7 +161,7 @@ class RunRecorder:
         with self._lock:
             self.ps.append(tuple(_fmt(row.get(c)) for c in PS_COLUMNS))
 
-    def step(self, worker: int, base_version: int, samples: int, stats: pb.StepStats) -> None:
+    def step(self, worker: int, base_version: int, samples: int, stats: StepReport) -> None:
         """One worker step, as its push reported it: a workers.csv row, and the straggler plan if traced."""
         now = self.now()
         self.worker_step(time_s=now, worker=worker, step=stats.step, base_version=base_version, samples=samples,

@@ -173,7 +173,7 @@ class ParameterServer:
         except Rejected as r:
             await self._reject(ctx, "register", r)
         self._execute(actions)
-        order = _order(self.core.work_order(req.worker))
+        order = _order(self.core.issue(req.worker, self.clock()))
         return pb.RegisterReply(send_init=first, order=order, num_workers=self.core.members.num_workers)
 
     def _adopt(self, req: pb.RegisterRequest) -> bool:
@@ -255,8 +255,7 @@ class ParameterServer:
         if not self.store.initialized:
             await self._reject(ctx, "pull", precondition("not_initialized", "the model is not initialized yet"))
         snapshot = self.store.snapshot()
-        order = self.core.work_order(req.worker)
-        reply = pb.PullReply(order=_order(order))
+        reply = pb.PullReply(order=_order(self.core.issue(req.worker, self.clock())))
         async for frame in self._send(reply, snapshot if req.have_version != snapshot.version else None,
                                       req.worker):
             yield frame
@@ -273,7 +272,7 @@ class ParameterServer:
     async def _push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
                     stream: bool = True) -> AsyncIterator[bytes]:
         try:
-            p, stats = await self._receive_push(frames, ctx, stream)
+            p, report = await self._receive_push(frames, ctx, stream)
         except Rejected as r:
             await self._reject(ctx, "push", r)
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
@@ -283,10 +282,9 @@ class ParameterServer:
             await self.link.inbound.transfer(self.store.nbytes)
             p.arrived = self.clock()  # the PS has the gradient only once it has crossed the link
         if not self.core.receipts.seen(p):  # a retry's step is recorded once
-            self.rec.step(p.worker, p.base_version, p.samples, stats)
+            self.rec.step(p.worker, p.base_version, p.samples, report)
         released = self._held[p.id] = asyncio.get_running_loop().create_future()
-        self._execute(self.core.push(p, StepReport(stats.compute_s, stats.sleep_s, stats.send_s, stats.wait_s),
-                                     p.arrived))
+        self._execute(self.core.push(p, report, p.arrived))
         release, snapshot = await released
         o = release.outcome
         PUSHES.labels("applied" if o.applied else "dropped").inc()
@@ -296,15 +294,13 @@ class ParameterServer:
             yield frame
 
     async def _receive_push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
-                            stream: bool) -> tuple[Push, pb.StepStats]:
+                            stream: bool) -> tuple[Push, StepReport]:
         """Validate a push and read it to the end of its stream; the core sees it only if this returns."""
         h, first = decode(await first_frame(frames), pb.PushHeader)
         self._as_worker(ctx, h.worker, "Push")
         self.store.check(h.layout_digest, h.nbytes)
-        s = h.stats
-        self.core.check_push(h.worker, h.samples, h.base_version, (
-            s.step, s.compute_s, s.send_s, s.wait_s, s.sleep_s, s.delay_sleep_s, s.delay_comm_s, s.delay_factor,
-            abs(s.loss_sum)))
+        report = _report(h.stats)
+        self.core.check_push(h.worker, h.samples, h.base_version, report, self.clock(), h.session)
         grad = self.store.buffers.get()
         try:
             if not await fill(PayloadWriter(grad, check_finite=True), first, frames, ctx, stream):
@@ -312,8 +308,8 @@ class ParameterServer:
         except BaseException:
             self.store.buffers.put(grad)
             raise
-        return Push(next(self._ids), h.worker, h.base_version, h.samples, grad, h.stats.loss_sum,
-                    self.clock(), step=s.step, session=h.session), h.stats
+        return Push(next(self._ids), h.worker, h.base_version, h.samples, grad, report.loss_sum,
+                    self.clock(), step=report.step, session=h.session), report
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None,
                     worker: int) -> AsyncIterator[bytes]:
@@ -384,6 +380,11 @@ class ParameterServer:
             "PushSmall": grpc.unary_unary_rpc_method_handler(self.push_small, **raw),
             "Pull": grpc.unary_stream_rpc_method_handler(self.pull, **raw),
         })
+
+
+def _report(s: pb.StepStats) -> StepReport:
+    return StepReport(s.compute_s, s.sleep_s, s.send_s, s.wait_s, s.step, s.loss_sum, s.delay_sleep_s,
+                      s.delay_factor, s.delay_comm_s, s.batch_exhausted)
 
 
 def _order(o: WorkOrder) -> pb.WorkOrder:

@@ -44,7 +44,7 @@ class Harness:
                 self.run(self.core.register(w, 100, self.now))
             self.run(self.core.initialized_at(self.now))
             for w in range(workers):
-                self.core.work_order(w)  # the first pull: each worker learns its budget
+                self.core.issue(w, self.now)  # the first pull: each worker learns its budget
 
     def run(self, actions: list[Action]) -> None:
         for a in actions:
@@ -70,7 +70,7 @@ class Harness:
         self._ids += 1
         grad = np.array(np.broadcast_to(np.asarray(value, G), self.params.shape), G)
         version = self.core.version if base is None else base
-        self.core.check_push(worker, samples, version)
+        self.core.check_push(worker, samples, version, report, self.now)
         p = Push(self._ids, worker, version, samples, grad, 0.0, self.now)
         self.pushed[p.id] = samples
         self.run(self.core.push(p, report, self.now))

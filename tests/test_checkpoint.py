@@ -101,7 +101,7 @@ def test_a_retry_of_an_applied_push_is_dropped_and_a_push_on_a_lost_version_too(
     back = saved_and_loaded(h, tmp_path)
     dup = push(back, 0, 1.0, step=0)  # applied before the checkpoint: the model has it already
     assert back.releases[dup].outcome.note == "dropped: repeated" and back.core.version == 2
-    back.core.check_push(1, 1, base_version=5)  # computed on version 5, lost in the crash: not invalid...
+    back.core.check_push(1, 1, 5, StepReport(step=3), back.now, session=1)  # computed on version 5, lost in the crash: not invalid...
     lost = push(back, 1, 1.0, step=3, base=5)
     assert back.releases[lost].outcome.note == "dropped: lost_version" and back.core.version == 2  # ...dropped
     fresh = push(back, 0, 1.0, step=1)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from harness import Harness
-from switchps.ps_server.events import Rejected
+from switchps.policies.base import Decision
+from switchps.ps_server.events import Push, Rejected, StepReport
 
 # ---- BSP, backup workers, deadlines -----------------------------------------------------------
 
@@ -167,8 +168,47 @@ def test_pushes_are_checked_before_their_payload_is_read(header, reason):
     h = Harness(workers=1)
     fields = {"worker": 0, "samples": 8, "base_version": 0, **header}
     with pytest.raises(Rejected) as err:
-        h.core.check_push(fields["worker"], fields["samples"], fields["base_version"])
+        h.core.check_push(fields["worker"], fields["samples"], fields["base_version"], StepReport(), h.now)
     assert err.value.reason == reason and err.value.code == "INVALID_ARGUMENT"
+
+
+DAYS = 3 * 86400.0
+
+
+@pytest.mark.parametrize("report", [
+    StepReport(compute_s=DAYS), StepReport(sleep_s=DAYS), StepReport(send_s=DAYS), StepReport(wait_s=DAYS),
+    StepReport(delay_sleep_s=DAYS), StepReport(delay_comm_s=DAYS), StepReport(delay_factor=1e9),
+    StepReport(compute_s=10.0),  # more than the 2 s since the worker's work order was issued
+], ids=["compute", "sleep", "send", "wait", "delay_sleep", "delay_comm", "factor", "compute_since_order"])
+def test_statistics_beyond_what_the_work_order_allows_are_rejected(report):
+    h = Harness(workers=1, protocol={"name": "asp"})
+    h.advance(2.0)
+    with pytest.raises(Rejected) as err:
+        h.core.check_push(0, 8, 0, report, h.now)
+    assert err.value.reason == "stats" and err.value.code == "INVALID_ARGUMENT"
+    h.core.check_push(0, 8, 0, StepReport(compute_s=2.0, send_s=2.0), h.now)  # what did fit is accepted
+
+
+def test_samples_are_bounded_by_the_newest_budget_once_the_push_before_it_is_answered():
+    h = Harness(workers=1, protocol={"name": "asp", "batch": 8})
+    h.run(h.core.decide(Decision("smaller", batches={0: 4}), "manual", h.now))
+    h.push(0, 1.0, samples=8)  # computed under the order before the decision
+    h.push(0, 1.0, samples=8)  # a resend of that step may still claim it
+    h.push(0, 1.0, samples=4)
+    with pytest.raises(Rejected) as err:
+        h.core.check_push(0, 8, h.core.version, StepReport(), h.now)
+    assert err.value.reason == "samples"
+
+
+def test_a_step_that_skips_ahead_of_its_session_is_rejected():
+    h = Harness(workers=1, protocol={"name": "asp"})
+    h.run(h.core.push(Push(1, 0, 0, 8, np.ones(h.params.shape, np.float32), 0.0, h.now, step=0, session=7),
+                      StepReport(), h.now))
+    h.core.check_push(0, 8, 1, StepReport(step=1), h.now, session=7)
+    h.core.check_push(0, 8, 1, StepReport(step=9), h.now, session=8)  # a restarted worker process
+    with pytest.raises(Rejected) as err:
+        h.core.check_push(0, 8, 1, StepReport(step=2), h.now, session=7)
+    assert err.value.reason == "stats"
 
 
 def test_training_starts_when_every_worker_is_ready_or_the_startup_timeout_passes():
@@ -177,6 +217,6 @@ def test_training_starts_when_every_worker_is_ready_or_the_startup_timeout_passe
     h.run(h.core.initialized_at(h.now))
     assert h.core.started_at is None and h.core.next_timer() == h.now + 5.0
     with pytest.raises(Rejected, match="not started"):
-        h.core.check_push(0, 1, 0)
+        h.core.check_push(0, 1, 0, StepReport(), h.now)
     h.advance(5.0)
     assert h.core.started_at == 105.0 and h.events("started_incomplete") == [{"workers": [0]}]

@@ -117,6 +117,7 @@ def test_idle_streams_do_not_starve_health_checks_or_pulls(cluster_factory):
     ({"stats": pb.StepStats(sleep_s=-1.0)}, "stats"),
     ({"stats": pb.StepStats(loss_sum=float("-inf"))}, "stats"),
     ({"stats": pb.StepStats(step=-5)}, "stats"),
+    ({"stats": pb.StepStats(compute_s=3 * 86400.0)}, "stats"),  # days, on a run seconds old
 ])
 def test_absurd_counts_and_statistics_are_rejected(cluster_factory, fields, reason):
     c = cluster_factory(workers=1, size=SIZE, protocol={"name": "asp", "batch": 32}, train={"epochs": 5})

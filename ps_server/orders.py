@@ -1,0 +1,89 @@
+"""The work orders the core has issued, and what they allow a push to claim.
+
+A worker computes a step under the work order it was last given, so the order bounds what its push may
+report: no more samples than the budget, and no more compute (with injected delays) than the time since
+the order was issued. A push resent after a lost reply was computed under the order before, so each
+bound spans the last two orders. A re-registration or a pull is not a step boundary and only widens the
+bounds. Orders issued before a restart have no time in this process: their pushes are bounded by the
+run's span plus ``RESTART_SLACK_S`` (the checkpoint's clock leaves out the work the crash lost).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from switchps.ps_server.events import StepReport, invalid
+
+RATE = 1.05
+"""Another host's clock may run this much faster than the PS's."""
+SLACK_S = 1.0
+"""Added to every time bound: timer resolution, and a reply's time on the wire."""
+RESTART_SLACK_S = 3600.0
+"""What a push computed before a PS restart may claim beyond the resumed run's span."""
+MAX_FACTOR = 1e6
+"""The largest slowdown factor a step may report (the straggler config's factors are >= 1)."""
+
+
+@dataclass
+class Order:
+    """What a worker's next push may claim: at most ``samples``, computed since ``since`` (None: before a
+    restart)."""
+
+    samples: int
+    since: float | None
+    budget: int  # the newest order's sample budget
+    issued_at: float | None  # when the newest order was issued
+
+
+class Orders:
+    """Per worker, the bounds its latest work orders set (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.current: dict[int, Order] = {}
+
+    def issue(self, worker: int, samples: int, now: float, step: bool = True) -> None:
+        """Note an order of ``samples`` given to ``worker`` at ``now``: a new step's (``step``), or the same
+        step's again (a registration, a pull), which only widens the bounds."""
+        old = self.current.get(worker)
+        if old is None:
+            self.current[worker] = Order(samples, now, samples, now)
+        elif step:
+            self.current[worker] = Order(max(samples, old.budget), old.issued_at, samples, now)
+        else:
+            self.current[worker] = Order(max(samples, old.samples), old.since, max(samples, old.budget),
+                                         old.issued_at)
+
+    def check(self, worker: int, samples: int, report: StepReport, now: float, span_s: float) -> None:
+        """Raise ``Rejected`` (INVALID_ARGUMENT) unless a push's claims fit its orders; ``span_s`` is how long
+        the run has gone on, which bounds every duration."""
+        values = (report.step, report.compute_s, report.sleep_s, report.send_s, report.wait_s,
+                  report.delay_sleep_s, report.delay_comm_s, report.delay_factor, abs(report.loss_sum))
+        if not all(math.isfinite(x) and x >= 0 for x in values):
+            raise invalid("stats", "step statistics must be finite, with durations and step >= 0")
+        order = self.current.get(worker)
+        allowed = order.samples if order else 0
+        if not 0 < samples <= allowed:
+            raise invalid("samples", f"sample count {samples} is not in [1, {allowed}], the budget of this "
+                                     "worker's work order")
+        limit = RATE * span_s + SLACK_S + (RESTART_SLACK_S if order is None or order.since is None else 0.0)
+        durations = {"send_s": report.send_s, "wait_s": report.wait_s, "delay_sleep_s": report.delay_sleep_s,
+                     "delay_comm_s": report.delay_comm_s, "compute_s + sleep_s": report.compute_s + report.sleep_s}
+        if order is not None and order.since is not None:
+            limit_step = RATE * (now - order.since) + SLACK_S
+            if durations["compute_s + sleep_s"] > limit_step:
+                raise invalid("stats", f"compute_s + sleep_s = {durations['compute_s + sleep_s']:.6g} s exceeds "
+                                       f"the {limit_step:.6g} s since the work order was issued")
+        for name, value in durations.items():
+            if value > limit:
+                raise invalid("stats", f"{name} = {value:.6g} s exceeds the run's {limit:.6g} s")
+        if report.delay_factor > MAX_FACTOR:
+            raise invalid("stats", f"delay_factor {report.delay_factor:.6g} exceeds {MAX_FACTOR:g}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The budgets (times are not kept: after a restart they belong to another process's clock)."""
+        return {str(w): [o.samples, o.budget] for w, o in self.current.items()}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.current = {int(w): Order(int(s), None, int(b), None) for w, (s, b) in d.items()}
