@@ -39,7 +39,7 @@ def pushes(out: Path, size: int, n: int, every_updates: int | None) -> tuple[lis
     layout = make_layout([("w", (size,))], [])
     params = np.zeros(size, np.float32)
     try:
-        client.register(0, layout, shard_size=100)
+        client.register(0, layout, partition_size=100)
         client.init(0, layout, params)
         version = client.pull(params, worker=0, wait_initialized=True).order.version
         grad = np.full(size, 1e-3, np.float32)

@@ -125,7 +125,7 @@ def bench_switchps(address: str, nbytes: int, worker: int, reps: int,
     size = nbytes // 4
     client = PSClient(address, security=security)
     layout = make_layout([(f"w{size}", (size,))])
-    reg = client.register(worker, layout, shard_size=1)
+    reg = client.register(worker, layout, partition_size=1)
     if reg.send_init:
         client.init(worker, layout, np.zeros(size, np.float32))
     params = np.empty(size, np.float32)

@@ -102,6 +102,7 @@ class Checkpointer:
             state["values"] = self._copy("values", ps.store.values)
             state["optimizer"] = {k: self._copy(k, v) if isinstance(v, np.ndarray) else v
                                   for k, v in opt.state_dict(copy=False).items()}
+            state["sums"] = ps.store.sums.state_dict()  # the open aggregates' sums the core's state names
             self.stats.held_s.append(time.perf_counter() - t0)
             state["records"]["rows"]["ps"] = ps.rec.ps_rows()
             self._jobs.put((version, state, ps.rec.flush))
@@ -152,7 +153,9 @@ def restore(ps: ParameterServer, ckpt: checkpoint.Checkpoint, now: float) -> Non
     s = ckpt.state
     layout = pb.Layout.FromString(s["layout"].tobytes())
     ps.store.restore(layout, s["values"], s["optimizer"], ckpt.version)
+    ps.store.sums.load_state_dict(s["sums"])
     ps.core.load_state_dict(s["core"], now)
+    ps.core.restarted(now)
     ps.layout = layout
     if s["last_eval"] is not None:
         v, loss, acc = s["last_eval"]

@@ -1,34 +1,27 @@
-"""What flows into the protocol core and what comes out of it: plain data, no behaviour, no I/O.
+"""What flows into the protocol core and what comes out of it: plain data, no behaviour, no I/O, no arrays.
 
-A driver (the gRPC service, a test, the simulator) hands the core events such
-as a ``Push`` with the time it happened, and executes the actions it gets
-back, in order: ``Apply`` an update, ``Release`` a held reply, ``SetOptimizer``,
-``Record`` an event or ``Count`` a push. Gradient buffers have one owner at a
-time: the driver until the push reaches the core, then the core (in an
-``Aggregate``), then the driver again through ``Apply`` or the core's
-``recycle`` callback.
+A driver (the gRPC service, the test harness, the simulator) hands the core events such as a ``Push``
+with the time it happened, and executes the actions it gets back, in order: ``Join`` a push's gradient
+into an open aggregate, ``Free`` a push's buffer, ``Apply`` an aggregate as the next version,
+``Release`` a held reply, ``SetOptimizer``, ``Record`` an event or ``Count`` a push. The core never sees
+a gradient: the driver keeps each push's buffer by push id and each open aggregate's sum by aggregate id
+(``ps_server.sums``), so a push may carry no payload at all (a time-only simulation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
-
-import numpy as np
-
-Recycle = Callable[[np.ndarray], None]
-"""Gives a gradient buffer back to its pool once the core no longer needs it."""
+from typing import Any, Union
 
 
 @dataclass(eq=False)  # compared by identity: one push, one reply
 class Push:
-    """A validated push: ``grad`` is the summed gradient over ``samples``, then the worker's state."""
+    """A validated push of the gradient summed over ``samples`` (the driver holds its buffer by ``id``)."""
 
     id: int
     worker: int
     base_version: int
     samples: int
-    grad: np.ndarray
     loss_sum: float
     arrived: float
     staleness: int = 0
@@ -56,17 +49,18 @@ class StepReport:
 
 @dataclass(eq=False)
 class Aggregate:
-    """Pushes summed into one buffer (the first one's): one update of ΣG/Σb."""
+    """Pushes that form one update of ΣG/Σb; ``id`` (set by the core when the first push joins) names the
+    driver's sum of their gradients."""
 
     started: float
     members: list[Push] = field(default_factory=list)
-    grad: np.ndarray | None = None
     samples: int = 0
+    id: int = -1
 
 
 @dataclass
 class Membership:
-    """Registered workers (with their shard sizes), the active ones, and the excluded ones.
+    """Registered workers (with their data partitions' sizes), the active ones, and the excluded ones.
 
     A worker is inactive after missing a deadline, until its next push; an excluded worker (elastic)
     still pushes, but a round does not wait for it.
@@ -112,6 +106,10 @@ class Update:
 
 @dataclass
 class Effect:
+    """What a protocol answers: the aggregate the admitted push joined (or why it is dropped), updates to
+    apply, held pushes to release, whether this pusher waits, workers that missed a deadline."""
+
+    joined: Aggregate | None = None
     apply: list[Update] = field(default_factory=list)
     release: list[Push] = field(default_factory=list)
     hold: bool = False
@@ -141,9 +139,25 @@ class Outcome:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class Join:
+    """Add push ``push_id``'s gradient into aggregate ``aggregate_id``'s sum (the first push's buffer
+    becomes the sum; a later one's is added, in arrival order, and freed)."""
+
+    push_id: int
+    aggregate_id: int
+
+
+@dataclass(frozen=True)
+class Free:
+    """Push ``push_id``'s buffer is not needed (a dropped push, a resent one): back to the pool."""
+
+    push_id: int
+
+
 @dataclass
 class Apply:
-    """Apply ``aggregate`` as model version ``version`` (it consumes the aggregate's buffer)."""
+    """Apply aggregate ``aggregate``'s sum as model version ``version`` (consuming the sum)."""
 
     version: int
     aggregate: Aggregate
@@ -189,7 +203,7 @@ class Count:
     reason: str | None = None
 
 
-Action = Union[Apply, Release, SetOptimizer, Record, Count]
+Action = Union[Join, Free, Apply, Release, SetOptimizer, Record, Count]
 
 
 class Rejected(Exception):
@@ -208,33 +222,40 @@ def precondition(reason: str, message: str) -> Rejected:
     return Rejected("FAILED_PRECONDITION", reason, message)
 
 
-# ---- checkpoint data: plain dicts of the state above (times as given) ---------------------------------
+# ---- checkpoint data: plain dicts, times relative to the moment of saving ------------------------------
 
 
-def membership_state(m: Membership) -> dict[str, Any]:
-    return {"registered": {str(w): n for w, n in m.registered.items()}, "active": sorted(m.active),
-            "excluded": sorted(m.excluded)}
+def relative(t: float | None, now: float) -> float | None:
+    """A time as saved: seconds from ``now`` (a resumed run's clock continues from the checkpoint)."""
+    return None if t is None else t - now
 
 
-def load_membership(m: Membership, d: dict[str, Any], now: float) -> None:
-    m.registered = {int(w): int(n) for w, n in d["registered"].items()}
-    m.active, m.excluded = set(d["active"]), set(d["excluded"])
-    m.last_seen = dict.fromkeys(m.registered, now)
+def absolute(t: float | None, now: float) -> float | None:
+    """A saved time (``relative``) on the clock of the process loading it at ``now``."""
+    return None if t is None else now + t
 
 
-def aggregate_state(a: Aggregate | None) -> dict[str, Any] | None:
+def push_state(p: Push, now: float) -> dict[str, Any]:
+    return {"id": p.id, "worker": p.worker, "base_version": p.base_version, "samples": p.samples,
+            "loss_sum": p.loss_sum, "arrived": p.arrived - now, "staleness": p.staleness, "step": p.step,
+            "session": p.session}
+
+
+def push_from(d: dict[str, Any], now: float) -> Push:
+    return Push(d["id"], d["worker"], d["base_version"], d["samples"], d["loss_sum"], now + d["arrived"],
+                d["staleness"], d["step"], d["session"])
+
+
+def aggregate_state(a: Aggregate | None, now: float) -> dict[str, Any] | None:
     if a is None:
         return None
-    return {"started": a.started, "grad": a.grad,
-            "members": [{"worker": p.worker, "base_version": p.base_version, "samples": p.samples,
-                         "loss_sum": p.loss_sum, "staleness": p.staleness, "step": p.step, "session": p.session}
-                        for p in a.members]}
+    return {"id": a.id, "started": a.started - now, "members": [push_state(p, now) for p in a.members]}
 
 
-def aggregate_from(d: dict[str, Any] | None) -> Aggregate | None:
-    """An aggregate restored from a checkpoint: its pushes' replies were lost with the process (id -1)."""
+def aggregate_from(d: dict[str, Any] | None, now: float) -> Aggregate | None:
+    """An aggregate restored from a checkpoint (after a restart its pushes' replies are lost: workers
+    resend, and a resent push takes its original's place)."""
     if d is None:
         return None
-    members = [Push(-1, m["worker"], m["base_version"], m["samples"], d["grad"], m["loss_sum"], d["started"],
-                    m["staleness"], m["step"], m["session"]) for m in d["members"]]
-    return Aggregate(started=d["started"], members=members, grad=d["grad"], samples=sum(m.samples for m in members))
+    members = [push_from(m, now) for m in d["members"]]
+    return Aggregate(now + d["started"], members, sum(m.samples for m in members), d["id"])

@@ -48,8 +48,7 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
     p = cfg.policy
     core = Core(cfg.protocol, cfg.train, cfg.cluster.num_workers, startup_timeout_s=cfg.cluster.startup_timeout_s,
                 on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),
-                policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window,
-                recycle=store.recycle)
+                policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, resume=resume.state["records"] if resume else None)
     ps = ParameterServer(core, store, rec, link, cfg.runtime.receive_timeout_s,
@@ -157,8 +156,8 @@ def _summary(cfg: RunConfig, ps: ParameterServer) -> dict[str, Any]:
         "final_eval_reported": final is not None,
         "workers_not_told_stop": sorted(set(core.members.registered) - ps.told_stop),
         "policy": cfg.policy.name,
-        "switches": len(core.switches),
-        "switch_overhead_s": _overhead_summary(switch_overheads(core.switches, core.update_times)),
+        "switches": len(core.switching.switches),
+        "switch_overhead_s": _overhead_summary(switch_overheads(core.switching.switches, core.switching.update_times)),
         "checkpoints": ps.checkpointer.stats.summary() if ps.checkpointer else None,
         "resumes": rec.counts["resumes"],
     }

@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import AsyncIterator, Callable, Iterator
 
 import numpy as np
@@ -33,6 +34,7 @@ from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES
 from switchps.protos.layout import trainable_size
 from switchps.ps_server.events import invalid, precondition
 from switchps.ps_server.optimizers import Optimizer
+from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")
 
@@ -145,7 +147,7 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 
 @dataclass
 class _Update:
-    grad: np.ndarray
+    aggregate_id: int
     samples: int
     contributors: int
     lr_factor: float
@@ -172,7 +174,8 @@ class ModelStore:
         self.initialized = False
         self.version = 0  # the newest version: its update may still be in the applier's queue
         self._latest = Snapshot.of(0, self.values, chunk_bytes)
-        self._queue: queue.SimpleQueue[_Update | Callable[[Optimizer], None]] = queue.SimpleQueue()
+        self.sums = Sums(self.recycle)  # the open aggregates' sums: the applier's alone
+        self._queue: queue.SimpleQueue[_Update | Callable[[], None]] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
         threading.Thread(target=self._apply_loop, name="switchps-applier", daemon=True).start()
@@ -197,20 +200,23 @@ class ModelStore:
         self.initialize(layout, values)
         self.optimizer.load_state_dict(optimizer_state)
 
-    def submit(self, grad_sum: np.ndarray, samples: int, contributors: int = 1, lr_factor: float = 1.0,
-               on_applied: Callable[[float], None] | None = None) -> Snapshot:
-        """Queue one update; returns the new version's snapshot at once.
+    def join(self, aggregate_id: int, grad: np.ndarray) -> None:
+        """Queue a push's gradient to be added into an aggregate's sum (``sums``), in order with the updates."""
+        self._enqueue(partial(self.sums.join, aggregate_id, grad))
 
-        ``grad_sum`` holds the summed gradient over ``samples`` followed by the sum of
-        ``contributors`` workers' state; the update applies their means. It is consumed
-        (returned to the buffer pool). ``on_applied(lr)`` runs on the applier thread
-        before the snapshot's last chunk is published, so a reader that has the whole
-        snapshot also sees the update recorded.
+    def submit(self, aggregate_id: int, samples: int, contributors: int = 1, lr_factor: float = 1.0,
+               on_applied: Callable[[float], None] | None = None) -> Snapshot:
+        """Queue one update of an aggregate's sum; returns the new version's snapshot at once.
+
+        The sum holds the summed gradient over ``samples`` followed by the sum of ``contributors``
+        workers' state; the update applies their means and consumes the sum (its buffer returns to the
+        pool). ``on_applied(lr)`` runs on the applier thread before the snapshot's last chunk is
+        published, so a reader that has the whole snapshot also sees the update recorded.
         """
         with self.lock:
             self.version += 1
             snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes)
-        self._enqueue(_Update(grad_sum, samples, contributors, lr_factor, snap, on_applied))
+        self._enqueue(_Update(aggregate_id, samples, contributors, lr_factor, snap, on_applied))
         return snap
 
     def check(self, digest: str, nbytes: int) -> None:
@@ -223,14 +229,14 @@ class ModelStore:
             raise invalid("size", f"payload declares {nbytes} bytes, the model has {self.nbytes}")
 
     def recycle(self, buffer: np.ndarray) -> None:
-        """Give a gradient buffer back to the pool (the core's ``recycle``)."""
+        """Give a gradient buffer back to the pool."""
         self.buffers.put(buffer)
 
     def control(self, change: Callable[[Optimizer], None]) -> None:
         """Change the optimizer (learning-rate scale, state) between the updates queued before and after."""
-        self._enqueue(change)
+        self._enqueue(lambda: change(self.optimizer))
 
-    def _enqueue(self, item: "_Update | Callable[[Optimizer], None]") -> None:
+    def _enqueue(self, item: "_Update | Callable[[], None]") -> None:
         with self._idle:
             self._pending += 1
         self._queue.put(item)
@@ -252,7 +258,7 @@ class ModelStore:
                 if isinstance(u, _Update):
                     self._apply(u)
                 else:
-                    u(self.optimizer)
+                    u()
             except BaseException as e:  # surfaced to every reader of that version
                 log.exception("applier: %s failed", u)
                 if isinstance(u, _Update):
@@ -263,14 +269,14 @@ class ModelStore:
                     self._idle.notify_all()
 
     def _apply(self, u: _Update) -> None:
-        values, snap, n = self.values, u.snapshot, self.trainable
+        values, snap, n, grad = self.values, u.snapshot, self.trainable, self.sums.take(u.aggregate_id)
         per_chunk = snap.chunk_bytes // 4
         last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
-        for end in self.optimizer.steps(values[:n], u.grad[:n], u.lr_factor, grad_scale=1.0 / u.samples):
+        for end in self.optimizer.steps(values[:n], grad[:n], u.lr_factor, grad_scale=1.0 / u.samples):
             snap.publish_until(values, min(end, last))
         if n < values.size:
-            np.multiply(u.grad[n:], np.float32(1.0 / u.contributors), out=values[n:])
-        self.buffers.put(u.grad)
+            np.multiply(grad[n:], np.float32(1.0 / u.contributors), out=values[n:])
+        self.buffers.put(grad)
         if u.on_applied:
             u.on_applied(self.optimizer.last_lr)
         snap.publish_until(values, values.size)

@@ -18,10 +18,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Literal, Protocol
 
-import numpy as np
-
 from switchps.ps_server.events import (
-    Aggregate, Batches, Budget, Effect, Membership, Push, Recycle, Update, aggregate_from, aggregate_state,
+    Aggregate, Batches, Budget, Effect, Membership, Push, Update, aggregate_from, aggregate_state, push_from,
+    push_state,
 )
 
 
@@ -47,15 +46,11 @@ def required(m: Membership) -> set[int]:
     return m.active - m.excluded
 
 
-def join(a: Aggregate, p: Push, recycle: Recycle) -> None:
-    """Take ``p`` into ``a``: its gradient joins the sum, and its buffer, if not the sum's, is recycled."""
-    if a.grad is None:
-        a.grad = p.grad
-    else:
-        np.add(a.grad, p.grad, out=a.grad)
-        recycle(p.grad)
+def join(a: Aggregate, p: Push) -> Aggregate:
+    """Take ``p`` into ``a`` (the driver adds its gradient into ``a``'s sum, told by the core's ``Join``)."""
     a.members.append(p)
     a.samples += p.samples
+    return a
 
 
 def per_worker(b: Batches, batch: int) -> list[float]:
@@ -74,8 +69,8 @@ class SyncProtocol(ABC):
     asynchronous: ClassVar[bool]
     """Pushes may be stale by design (the asynchrony momentum rule applies)."""
 
-    def __init__(self, s: Settings, recycle: Recycle) -> None:
-        self.s, self.recycle = s, recycle
+    def __init__(self, s: Settings) -> None:
+        self.s = s
 
     @property
     def name(self) -> str:
@@ -122,10 +117,11 @@ class SyncProtocol(ABC):
     def effective_batch(self, b: Batches) -> float:
         """Samples per update, for the learning-rate rule."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, now: float) -> dict[str, Any]:
+        """Everything the rule holds, times relative to ``now``."""
         return {}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         pass
 
 
@@ -133,8 +129,8 @@ class Rounds(SyncProtocol):
     names = ("bsp", "fmb", "amb")
     asynchronous = False
 
-    def __init__(self, s: Settings, recycle: Recycle) -> None:
-        super().__init__(s, recycle)
+    def __init__(self, s: Settings) -> None:
+        super().__init__(s)
         self.round: Aggregate | None = None
         self.joins: set[int] = set()  # their next push joins the round whatever its version
 
@@ -166,9 +162,9 @@ class Rounds(SyncProtocol):
         r = self.round = self.round or Aggregate(started=p.arrived)
         if p.worker in workers(r):
             return Effect(drop="duplicate")
-        join(r, p, self.recycle)
+        join(r, p)
         effect = self._complete_if_ready(m)
-        effect.hold = p not in effect.release
+        effect.joined, effect.hold = r, p not in effect.release
         return effect
 
     def _complete_if_ready(self, m: Membership) -> Effect:
@@ -210,16 +206,16 @@ class Rounds(SyncProtocol):
         per = [measured] * b.num_workers if measured is not None else per_worker(b, self.s.batch)
         return sum(per) * (b.num_workers - self.s.backup_workers) / b.num_workers
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"joins": sorted(self.joins), "round": aggregate_state(self.round)}
+    def state_dict(self, now: float) -> dict[str, Any]:
+        return {"joins": sorted(self.joins), "round": aggregate_state(self.round, now)}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.joins, self.round = set(d["joins"]), aggregate_from(d["round"])
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
+        self.joins, self.round = set(d["joins"]), aggregate_from(d["round"], now)
 
 
 def _damped(s: Settings, p: Push) -> Update:
     """A single push as an update, with lr / (1 + staleness) if ``staleness_lr``."""
-    return Update(Aggregate(started=p.arrived, members=[p], grad=p.grad, samples=p.samples),
+    return Update(Aggregate(started=p.arrived, members=[p], samples=p.samples),
                   1.0 / (1 + p.staleness) if s.staleness_lr else 1.0)
 
 
@@ -228,7 +224,8 @@ class OnArrival(SyncProtocol):
     asynchronous = True
 
     def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        return Effect(apply=[_damped(self.s, p)], release=[p])
+        update = _damped(self.s, p)
+        return Effect(joined=update.aggregate, apply=[update], release=[p])
 
     def effective_batch(self, b: Batches) -> float:
         per = per_worker(b, self.s.batch)
@@ -239,8 +236,8 @@ class Bounded(SyncProtocol):
     names = ("ssp",)
     asynchronous = True
 
-    def __init__(self, s: Settings, recycle: Recycle) -> None:
-        super().__init__(s, recycle)
+    def __init__(self, s: Settings) -> None:
+        super().__init__(s)
         self.clocks: dict[int, int] = {}
         self.held: list[Push] = []
 
@@ -251,6 +248,7 @@ class Bounded(SyncProtocol):
         self.clocks[p.worker] = self.clocks.get(p.worker, self._slowest(m)) + 1
         effect = self._release(m)
         effect.apply = [_damped(self.s, p)]
+        effect.joined = effect.apply[0].aggregate
         effect.hold = bool(self._laggards(p.worker, m))
         if effect.hold:
             self.held.append(p)
@@ -299,11 +297,13 @@ class Bounded(SyncProtocol):
         per = per_worker(b, self.s.batch)
         return sum(per) / len(per)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"clocks": {str(w): c for w, c in self.clocks.items()}}
+    def state_dict(self, now: float) -> dict[str, Any]:
+        return {"clocks": {str(w): c for w, c in self.clocks.items()},
+                "held": [push_state(p, now) for p in self.held]}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         self.clocks = {int(w): int(c) for w, c in d["clocks"].items()}
+        self.held = [push_from(p, now) for p in d["held"]]
 
 
 class _Accumulating(SyncProtocol):
@@ -311,14 +311,13 @@ class _Accumulating(SyncProtocol):
 
     asynchronous = True
 
-    def __init__(self, s: Settings, recycle: Recycle) -> None:
-        super().__init__(s, recycle)
+    def __init__(self, s: Settings) -> None:
+        super().__init__(s)
         self.acc: Aggregate | None = None
 
     def _take(self, p: Push) -> Aggregate:
-        acc = self.acc = self.acc or Aggregate(started=p.arrived)
-        join(acc, p, self.recycle)
-        return acc
+        self.acc = self.acc or Aggregate(started=p.arrived)
+        return join(self.acc, p)
 
     def _flush(self) -> list[Update]:
         acc, self.acc = self.acc, None
@@ -327,11 +326,11 @@ class _Accumulating(SyncProtocol):
     def drain(self, m: Membership, now: float) -> Effect:
         return Effect(apply=self._flush())
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"acc": aggregate_state(self.acc)}
+    def state_dict(self, now: float) -> dict[str, Any]:
+        return {"acc": aggregate_state(self.acc, now)}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.acc = aggregate_from(d["acc"])
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
+        self.acc = aggregate_from(d["acc"], now)
 
 
 class EveryK(_Accumulating):
@@ -341,8 +340,8 @@ class EveryK(_Accumulating):
         return self.s.k or m.num_workers
 
     def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        full = len(self._take(p).members) >= self.k(m)
-        return Effect(apply=self._flush() if full else [], release=[p])
+        acc = self._take(p)
+        return Effect(joined=acc, apply=self._flush() if len(acc.members) >= self.k(m) else [], release=[p])
 
     def effective_batch(self, b: Batches) -> float:
         per = per_worker(b, self.s.batch)
@@ -352,8 +351,8 @@ class EveryK(_Accumulating):
 class Windowed(_Accumulating):
     names = ("timed",)
 
-    def __init__(self, s: Settings, recycle: Recycle) -> None:
-        super().__init__(s, recycle)
+    def __init__(self, s: Settings) -> None:
+        super().__init__(s)
         self.window_end: float | None = None  # None: the window ended empty; the next push closes it
 
     @property
@@ -364,11 +363,11 @@ class Windowed(_Accumulating):
         self.window_end = now + self.window_s
 
     def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        self._take(p)
+        acc = self._take(p)
         if self.window_end is None:  # the window ended with nothing in it: this push closes it
             self.window_end = now + self.window_s
-            return Effect(apply=self._flush(), release=[p])
-        return Effect(release=[p])
+            return Effect(joined=acc, apply=self._flush(), release=[p])
+        return Effect(joined=acc, release=[p])
 
     def next_timer(self, m: Membership) -> float | None:
         return self.window_end
@@ -384,6 +383,14 @@ class Windowed(_Accumulating):
     def measures_batch(self) -> bool:
         return True
 
+    def state_dict(self, now: float) -> dict[str, Any]:
+        end = self.window_end
+        return {**super().state_dict(now), "window_end": None if end is None else end - now}
+
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
+        super().load_state_dict(d, now)
+        self.window_end = None if d["window_end"] is None else now + d["window_end"]
+
     def effective_batch(self, b: Batches) -> float:
         if b.update_samples is not None:
             return b.update_samples
@@ -396,5 +403,5 @@ PROTOCOLS: dict[str, type[SyncProtocol]] = {n: cls for cls in (Rounds, OnArrival
 """Every protocol by name: the one list, which config validation uses too."""
 
 
-def make_protocol(s: Settings, recycle: Recycle) -> SyncProtocol:
-    return PROTOCOLS[s.name](s, recycle)
+def make_protocol(s: Settings) -> SyncProtocol:
+    return PROTOCOLS[s.name](s)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from switchps.jsonfile import dumps, write_json
-from switchps.ps_server.events import StepReport
+from switchps.ps_server.events import Apply, StepReport
 from switchps.ps_server.tensorboard import TensorBoard
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
@@ -118,6 +118,17 @@ class _Table:
         return rows
 
 
+def update_row(a: Apply) -> dict[str, Any]:
+    """An update's ps.csv fields, from the core's ``Apply`` (the time and rate are the applier's)."""
+    members = a.aggregate.members
+    b, staleness = [m.samples for m in members], [m.staleness for m in members]
+    return dict(version=a.version, protocol=a.protocol, workers=";".join(str(m.worker) for m in members),
+                samples=sum(b), staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness),
+                train_loss=sum(m.loss_sum for m in members) / sum(b), b_min=min(b), b_mean=sum(b) / len(b),
+                b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s or None,
+                pushes=";".join(f"{m.worker}:{m.session}:{m.step}" for m in members))
+
+
 class RunRecorder:
     """Appends rows and events, counts pushes, and writes ``summary.json``."""
 
@@ -155,9 +166,9 @@ class RunRecorder:
     def _rel(self, mono: float) -> float:
         return round(mono - (self.t0 if self.t0 is not None else self._created), 6)
 
-    def update(self, row: dict[str, Any], lr: float) -> None:
+    def update(self, a: Apply, lr: float) -> None:
         """One applied update (called by the applier once it knows the rate it applied)."""
-        row = {**row, "time_s": self.now(), "lr": lr}
+        row = {**update_row(a), "time_s": self.now(), "lr": lr}
         with self._lock:
             self.ps.append(tuple(_fmt(row.get(c)) for c in PS_COLUMNS))
 

@@ -45,8 +45,8 @@ from switchps.ps_server.core import Core
 from switchps.ps_server.frames import decode, fill, first_frame, one, parse
 from switchps.ps_server.guard import Guard
 from switchps.ps_server.events import (
-    Action, Apply, Count, Push, Record, Rejected, Release, SetOptimizer, StepReport, WorkOrder, invalid,
-    precondition,
+    Action, Apply, Count, Free, Join, Push, Record, Rejected, Release, SetOptimizer, StepReport, WorkOrder,
+    invalid, precondition,
 )
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
@@ -81,6 +81,7 @@ class ParameterServer:
         self.layout: pb.Layout | None = None  # adopted from the first Register (or a checkpoint)
         self._ids = itertools.count()
         self._held: dict[int, asyncio.Future[tuple[Release, Snapshot]]] = {}
+        self._grads: dict[int, np.ndarray] = {}  # push id -> its gradient buffer, until the core joins or frees it
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
@@ -93,7 +94,11 @@ class ParameterServer:
     def _execute(self, actions: list[Action]) -> None:
         """Carry out the core's actions in order, then note what changed and re-arm its timer."""
         for a in actions:
-            if isinstance(a, Apply):
+            if isinstance(a, Join):
+                self.store.join(a.aggregate_id, self._grads.pop(a.push_id))
+            elif isinstance(a, Free):
+                self.store.buffers.put(self._grads.pop(a.push_id))
+            elif isinstance(a, Apply):
                 self._apply(a)
             elif isinstance(a, Release):
                 fut = self._held.pop(a.push_id, None)
@@ -110,15 +115,8 @@ class ParameterServer:
 
     def _apply(self, a: Apply) -> None:
         agg = a.aggregate
-        b, staleness = [m.samples for m in agg.members], [m.staleness for m in agg.members]
-        row = dict(version=a.version, protocol=a.protocol, workers=";".join(str(m.worker) for m in agg.members),
-                   samples=sum(b), staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness),
-                   train_loss=sum(m.loss_sum for m in agg.members) / sum(b), b_min=min(b),
-                   b_mean=sum(b) / len(b), b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s or None,
-                   pushes=";".join(f"{m.worker}:{m.session}:{m.step}" for m in agg.members))
-        assert agg.grad is not None
-        snap = self.store.submit(agg.grad, agg.samples, len(agg.members), a.lr_factor,
-                                 on_applied=partial(self.rec.update, row))
+        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor,
+                                 on_applied=partial(self.rec.update, a))
         assert snap.version == a.version, "the store and the core count versions alike"
         VERSION.set(a.version)
 
@@ -167,9 +165,9 @@ class ParameterServer:
             req = parse(body, pb.RegisterRequest)
             self._as_worker(ctx, req.worker, "Register")
             check_layout(req.layout, self.max_model_bytes)
-            self.core.check_register(req.worker, req.shard_size)
+            self.core.check_register(req.worker, req.partition_size)
             first = self._adopt(req)
-            actions = self.core.register(req.worker, req.shard_size, self.clock())
+            actions = self.core.register(req.worker, req.partition_size, self.clock())
         except Rejected as r:
             await self._reject(ctx, "register", r)
         self._execute(actions)
@@ -272,7 +270,7 @@ class ParameterServer:
     async def _push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
                     stream: bool = True) -> AsyncIterator[bytes]:
         try:
-            p, report = await self._receive_push(frames, ctx, stream)
+            p, report, grad = await self._receive_push(frames, ctx, stream)
         except Rejected as r:
             await self._reject(ctx, "push", r)
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
@@ -284,6 +282,7 @@ class ParameterServer:
         if not self.core.receipts.seen(p):  # a retry's step is recorded once
             self.rec.step(p.worker, p.base_version, p.samples, report)
         released = self._held[p.id] = asyncio.get_running_loop().create_future()
+        self._grads[p.id] = grad
         self._execute(self.core.push(p, report, p.arrived))
         release, snapshot = await released
         o = release.outcome
@@ -294,7 +293,7 @@ class ParameterServer:
             yield frame
 
     async def _receive_push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
-                            stream: bool) -> tuple[Push, StepReport]:
+                            stream: bool) -> tuple[Push, StepReport, np.ndarray]:
         """Validate a push and read it to the end of its stream; the core sees it only if this returns."""
         h, first = decode(await first_frame(frames), pb.PushHeader)
         self._as_worker(ctx, h.worker, "Push")
@@ -308,8 +307,8 @@ class ParameterServer:
         except BaseException:
             self.store.buffers.put(grad)
             raise
-        return Push(next(self._ids), h.worker, h.base_version, h.samples, grad, report.loss_sum,
-                    self.clock(), step=report.step, session=h.session), report
+        return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
+                    step=report.step, session=h.session), report, grad
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None,
                     worker: int) -> AsyncIterator[bytes]:

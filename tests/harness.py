@@ -10,7 +10,10 @@ import numpy as np
 from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import Policy
 from switchps.ps_server.core import Core
-from switchps.ps_server.events import Action, Apply, Count, Push, Record, Release, SetOptimizer, StepReport
+from switchps.ps_server.events import (
+    Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport,
+)
+from switchps.ps_server.sums import Sums
 
 G = np.float32
 
@@ -20,17 +23,23 @@ class Harness:
 
     ``params`` follow every ``Apply`` (ΣG/Σb times the learning-rate factor and scale); ``releases``
     maps push ids to their ``Release``; every push must end in exactly one release (``check_books``).
+    Like the gRPC driver, it holds each push's gradient by push id until the core joins or frees it, and
+    the sums in ``Sums``; ``freed`` lists the buffers the core let go.
     """
 
     def __init__(self, workers: int = 3, size: int = 2, protocol: dict[str, Any] | None = None,
                  train: dict[str, Any] | None = None, policy: Policy | None = None, every_k: int = 10,
                  on_switch: dict[str, Any] | None = None, momentum: float = 0.0, start: bool = True) -> None:
         self.now = 100.0
-        self.recycled: list[np.ndarray] = []
+        self.freed: list[np.ndarray] = []
+        self.log: list[Action] = []  # every action, in order
+        self.steps: dict[int, int] = {}  # per worker, its next step number (for scripts that name pushes)
+        self.grads: dict[int, np.ndarray] = {}
+        self.sums = Sums(self.freed.append)
         self.core = Core(ProtocolSpec(**{"name": "bsp", "batch": 8, **(protocol or {})}),
                          TrainSpec(**(train or {"steps": 10_000})), workers,
                          startup_timeout_s=5.0, on_switch=SwitchSpec(**(on_switch or {})), momentum=momentum,
-                         policy=policy, every_k=every_k, recycle=self.recycled.append)
+                         policy=policy, every_k=every_k)
         self.params = np.zeros(size, np.float64)
         self.lr_scale, self.momentum = 1.0, momentum
         self.applied: list[Apply] = []
@@ -47,10 +56,14 @@ class Harness:
                 self.core.issue(w, self.now)  # the first pull: each worker learns its budget
 
     def run(self, actions: list[Action]) -> None:
+        self.log += actions
         for a in actions:
-            if isinstance(a, Apply):
-                grad = a.aggregate.grad
-                assert grad is not None
+            if isinstance(a, Join):
+                self.sums.join(a.aggregate_id, self.grads.pop(a.push_id))
+            elif isinstance(a, Free):
+                self.freed.append(self.grads.pop(a.push_id))
+            elif isinstance(a, Apply):
+                grad = self.sums.take(a.aggregate.id)
                 self.params -= self.lr_scale * a.lr_factor * grad.astype(np.float64) / a.aggregate.samples
                 self.applied.append(a)
             elif isinstance(a, Release):
@@ -65,14 +78,16 @@ class Harness:
                 self.counts[f"{a.what}:{a.reason}" if a.reason else a.what] += 1
 
     def push(self, worker: int, value: float | list[float], samples: int = 1, base: int | None = None,
-             report: StepReport = StepReport()) -> int:
-        """Push ``value`` (the summed gradient) from ``worker``; returns the push id."""
+             report: StepReport = StepReport(), step: int = 0, session: int = 0) -> int:
+        """Push ``value`` (the summed gradient) from ``worker``, checked as the service checks it; returns
+        the push id."""
         self._ids += 1
         grad = np.array(np.broadcast_to(np.asarray(value, G), self.params.shape), G)
         version = self.core.version if base is None else base
-        self.core.check_push(worker, samples, version, report, self.now)
-        p = Push(self._ids, worker, version, samples, grad, 0.0, self.now)
+        self.core.check_push(worker, samples, version, report, self.now, session)
+        p = Push(self._ids, worker, version, samples, 0.0, self.now, step=step, session=session)
         self.pushed[p.id] = samples
+        self.grads[p.id] = grad
         self.run(self.core.push(p, report, self.now))
         return p.id
 

@@ -8,7 +8,7 @@ import pytest
 from harness import Harness
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import CheckpointError
-from switchps.ps_server.events import Push, StepReport
+from switchps.ps_server.events import StepReport
 
 
 def state(v: float) -> dict:
@@ -57,26 +57,25 @@ def test_prune_keeps_the_newest(tmp_path):
     assert checkpoint.latest(tmp_path, version=3) is None
 
 
-def saved_and_loaded(h: Harness, tmp_path) -> Harness:
-    """A fresh core continued from ``h``'s state written to and read from a checkpoint file, later."""
-    checkpoint.write(tmp_path, h.core.version, {"core": h.core.state_dict(h.now)})
+def saved_and_loaded(h: Harness, tmp_path, crash: bool = True) -> Harness:
+    """A fresh core continued from ``h``'s state written to and read from a checkpoint file, later (after a
+    ``crash``: by a new process, which relaxes what the crash made uncertain)."""
+    checkpoint.write(tmp_path, h.core.version, {"core": h.core.state_dict(h.now), "sums": h.sums.state_dict()})
     back = Harness(workers=len(h.core.members.registered), start=False)
     back.now = h.now + 50.0  # the restart took a while
     ck = checkpoint.latest(tmp_path)
     assert ck is not None
+    back.sums.load_state_dict(ck.state["sums"])
     back.core.load_state_dict(ck.state["core"], back.now)
+    if crash:
+        back.core.restarted(back.now)
     back.params = h.params.copy()
     back._ids = 1000
     return back
 
 
 def push(h: Harness, worker: int, value: float, step: int, session: int = 1, base: int | None = None) -> int:
-    h._ids += 1
-    p = Push(h._ids, worker, h.core.version if base is None else base, 1, np.full(h.params.shape, value, np.float32),
-             0.0, h.now, step=step, session=session)
-    h.pushed[p.id] = 1
-    h.run(h.core.push(p, StepReport(), h.now))
-    return p.id
+    return h.push(worker, value, base=base, step=step, session=session)
 
 
 def test_a_bsp_round_in_flight_survives_a_checkpoint_and_a_retry_takes_its_place(tmp_path):
@@ -87,7 +86,7 @@ def test_a_bsp_round_in_flight_survives_a_checkpoint_and_a_retry_takes_its_place
     assert back.core.version == 0 and back.core.started_at == back.now - (h.now - h.core.started_at)
     retry = push(back, 0, 1.0, step=0)  # worker 0's reply was lost: it sends the same push again
     assert not back.applied and back.events("push_retried") == [{"worker": 0, "step": 0, "version": 0}]
-    assert back.recycled, "the retry's copy of the gradient is let go"
+    assert back.freed, "the retry's copy of the gradient is let go"
     last = push(back, 2, 3.0, step=0)
     assert len(back.applied) == 1 and back.applied[0].aggregate.samples == 3
     np.testing.assert_allclose(back.params, [-2.0, -2.0])  # (1 + 2 + 3) / 3: worker 0 counted once
@@ -115,7 +114,7 @@ def test_the_core_state_round_trips_exactly(tmp_path):
     h = Harness(workers=3, protocol={"name": "ssp", "staleness": 1})
     for step in range(3):
         push(h, 0, 0.5, step=step)
-    back = saved_and_loaded(h, tmp_path)
+    back = saved_and_loaded(h, tmp_path, crash=False)
     assert _same(back.core.state_dict(back.now), h.core.state_dict(h.now))
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from harness import Harness
 from switchps.policies.base import Decision
-from switchps.ps_server.events import Push, Rejected, StepReport
+from switchps.ps_server.events import Rejected, StepReport
 
 # ---- BSP, backup workers, deadlines -----------------------------------------------------------
 
@@ -202,8 +202,7 @@ def test_samples_are_bounded_by_the_newest_budget_once_the_push_before_it_is_ans
 
 def test_a_step_that_skips_ahead_of_its_session_is_rejected():
     h = Harness(workers=1, protocol={"name": "asp"})
-    h.run(h.core.push(Push(1, 0, 0, 8, np.ones(h.params.shape, np.float32), 0.0, h.now, step=0, session=7),
-                      StepReport(), h.now))
+    h.push(0, 1.0, samples=8, step=0, session=7)
     h.core.check_push(0, 8, 1, StepReport(step=1), h.now, session=7)
     h.core.check_push(0, 8, 1, StepReport(step=9), h.now, session=8)  # a restarted worker process
     with pytest.raises(Rejected) as err:

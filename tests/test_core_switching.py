@@ -151,7 +151,8 @@ def test_a_warm_up_raises_the_rate_from_1_over_n_after_each_switch_and_survives_
     h.switch(name="bsp")
     h.push(0, 1.0)
     again.core.load_state_dict(h.core.state_dict(h.now), h.now)
-    assert again.core.switched_at == h.core.switched_at and again.core.restore == h.core.restore
+    assert again.core.switching.switched_at == h.core.switching.switched_at and \
+        again.core.switching.restore == h.core.switching.restore
 
 
 def test_elastic_exclusion_takes_stale_contributions_or_drops_them():
@@ -216,7 +217,7 @@ def test_schedule_policy_switches_at_its_fraction_and_the_overhead_is_recorded()
         h.now += 0.1
         h.push(0, 1.0)
     assert h.protocols_applied() == ["bsp"] * 3 + ["asp"] * 3
-    (sw,) = h.core.switches
+    (sw,) = h.core.switching.switches
     assert sw.to == "asp" and sw.step_s == pytest.approx(0.25) and sw.first_update_at == pytest.approx(100.1)
 
 
@@ -226,7 +227,7 @@ def test_a_normal_step_counts_communication_but_not_barrier_waits():
     h = Harness(workers=2, protocol={"name": "asp"})
     # the push took 0.5 s to answer, 0.4 s of it waiting for the round: 0.1 s of communication
     h.push(0, 1.0, report=StepReport(compute_s=0.2, sleep_s=0.05, send_s=0.5, wait_s=0.4))
-    assert normal_step_s(h.core.recent) == pytest.approx(0.35)
+    assert normal_step_s(h.core.consulting.recent) == pytest.approx(0.35)
 
 
 def test_state_dicts_restore_the_protocol_membership_and_policy():
@@ -239,6 +240,6 @@ def test_state_dicts_restore_the_protocol_membership_and_policy():
     fresh.core.load_state_dict(state, fresh.now)
     assert fresh.core.state_dict(fresh.now) == state
     c = fresh.core
-    assert (c.spec.name, c.version, c.members.excluded, c.batches) == ("ssp", 2, {2}, {1: 5})
-    assert c.protocol.state_dict() == {"clocks": {"0": 2, "1": 0, "2": 0}}
+    assert (c.spec.name, c.version, c.members.excluded, c.consulting.batches) == ("ssp", 2, {2}, {1: 5})
+    assert c.switching.protocol.state_dict(fresh.now)["clocks"] == {"0": 2, "1": 0, "2": 0}
     assert c.work_order(1).sample_budget == 5 and c.started_at == fresh.now

@@ -130,15 +130,15 @@ def test_absurd_counts_and_statistics_are_rejected(cluster_factory, fields, reas
     channel.close()
 
 
-def _register(c, worker: int = 0, shard_size: int = 100, layout: pb.Layout | None = None) -> grpc.RpcError:
+def _register(c, worker: int = 0, partition_size: int = 100, layout: pb.Layout | None = None) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as err:
-        c.workers[0].client.register(worker, layout or c.layout, shard_size)
+        c.workers[0].client.register(worker, layout or c.layout, partition_size)
     return err.value
 
 
 @pytest.mark.parametrize("kw, reason", [
-    ({"shard_size": -1}, "shard_size"),
-    ({"shard_size": 0}, "shard_size"),
+    ({"partition_size": -1}, "partition_size"),
+    ({"partition_size": 0}, "partition_size"),
     ({"worker": 7}, "worker"),
     ({"layout": make_layout([("w", (2**40,))])}, "layout"),
     ({"layout": make_layout([("w", (0,))])}, "layout"),

@@ -46,7 +46,9 @@ def test_failed_update_is_raised_to_readers():
 def test_submit_reserves_versions_in_order_and_applies_all():
     store = _store(5000)
     applied: list[float] = []
-    snaps = [store.submit(np.full(5000, 2.0, np.float32), 2, on_applied=applied.append) for _ in range(5)]
+    for i in range(5):
+        store.join(i, np.full(5000, 2.0, np.float32))
+    snaps = [store.submit(i, 2, on_applied=applied.append) for i in range(5)]
     assert [s.version for s in snaps] == [1, 2, 3, 4, 5] and store.version == 5
     last = b"".join(snaps[-1].chunks())
     assert store.wait_idle(5)
@@ -63,6 +65,7 @@ def test_update_is_recorded_before_its_last_chunk_is_published():
     def on_applied(lr: float) -> None:
         seen_complete_at_record.append(len(holder["snap"]._chunks))
 
-    holder["snap"] = store.submit(np.ones(20000, np.float32), 1, on_applied=on_applied)
+    store.join(0, np.ones(20000, np.float32))
+    holder["snap"] = store.submit(0, 1, on_applied=on_applied)
     list(holder["snap"].chunks())
     assert seen_complete_at_record == [19]  # 20 chunks in all: the last waits for the record

@@ -170,22 +170,22 @@ def test_digits():
     assert load_dataset("digits", test_fraction=0.5).x_test.shape == (899, 64)
 
 
-@pytest.mark.parametrize("num_shards", [1, 3, 4, 10])
-def test_shards_are_disjoint_and_cover(num_shards):
+@pytest.mark.parametrize("num_partitions", [1, 3, 4, 10])
+def test_partitions_are_disjoint_and_cover(num_partitions):
     n = 10
     d = Dataset(np.arange(n, dtype=np.float32)[:, None], np.arange(n, dtype=np.int32), np.zeros((1, 1)),
                 np.zeros(1, np.int32), 10)
-    shards = [d.shard(i, num_shards) for i in range(num_shards)]
-    ids = np.concatenate([x[:, 0] for x, _ in shards])
+    partitions = [d.partition(i, num_partitions) for i in range(num_partitions)]
+    ids = np.concatenate([x[:, 0] for x, _ in partitions])
     assert len(ids) == n and set(ids) == set(range(n))
-    assert all(np.array_equal(x[:, 0], y) for x, y in shards)  # x and y stay aligned
-    assert max(len(y) for _, y in shards) - min(len(y) for _, y in shards) <= 1
+    assert all(np.array_equal(x[:, 0], y) for x, y in partitions)  # x and y stay aligned
+    assert max(len(y) for _, y in partitions) - min(len(y) for _, y in partitions) <= 1
 
 
-@pytest.mark.parametrize("index,num_shards", [(-1, 2), (2, 2), (0, 0), (0, 1438)])
-def test_shard_validates(index, num_shards):
+@pytest.mark.parametrize("index,num_partitions", [(-1, 2), (2, 2), (0, 0), (0, 1438)])
+def test_partition_validates(index, num_partitions):
     with pytest.raises(ValueError):
-        load_dataset("digits").shard(index, num_shards)
+        load_dataset("digits").partition(index, num_partitions)
 
 
 def test_synthetic():

@@ -10,7 +10,7 @@ from switchps.ps_server.rescale import lr_scale, momentum_in_force
 
 
 def proto(name: str, **fields) -> SyncProtocol:
-    return make_protocol(ProtocolSpec(name=name, batch=16, **fields), lambda buffer: None)
+    return make_protocol(ProtocolSpec(name=name, batch=16, **fields))
 
 
 BSP, ASP, AMB = proto("bsp"), proto("asp"), proto("amb", time_budget_s=1.0)

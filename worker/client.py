@@ -106,9 +106,9 @@ class PSClient:
     def close(self) -> None:
         self.channel.close()
 
-    def register(self, worker: int, layout: pb.Layout, shard_size: int, wait: bool = True) -> pb.RegisterReply:
+    def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True) -> pb.RegisterReply:
         """Register (again, after an outage: ``wait=False`` fails at once if the PS is still down)."""
-        return self._register(pb.RegisterRequest(worker=worker, layout=layout, shard_size=shard_size),
+        return self._register(pb.RegisterRequest(worker=worker, layout=layout, partition_size=partition_size),
                               timeout=self.timeout_s, wait_for_ready=wait,
                               metadata=self._md)
 

@@ -49,13 +49,13 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
 
-    def shard(self, index: int, num_shards: int) -> tuple[np.ndarray, np.ndarray]:
+    def partition(self, index: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
         """Worker ``index``'s disjoint, strided share of the training set."""
-        if num_shards < 1 or not 0 <= index < num_shards:
-            raise ValueError(f"need 0 <= index < num_shards, got index={index}, num_shards={num_shards}")
-        if num_shards > len(self.x_train):
-            raise ValueError(f"{num_shards} shards but only {len(self.x_train)} training samples")
-        return self.x_train[index::num_shards], self.y_train[index::num_shards]
+        if num_partitions < 1 or not 0 <= index < num_partitions:
+            raise ValueError(f"need 0 <= index < num_partitions, got index={index}, num_partitions={num_partitions}")
+        if num_partitions > len(self.x_train):
+            raise ValueError(f"{num_partitions} partitions but only {len(self.x_train)} training samples")
+        return self.x_train[index::num_partitions], self.y_train[index::num_partitions]
 
 
 def cache_dir() -> Path:

@@ -1,7 +1,7 @@
 """The worker process.
 
 A worker builds its model and traces every TF function, then registers
-(ready), pulls, and loops: take the sample budget from its shard, compute
+(ready), pulls, and loops: take the sample budget from its data partition, compute
 Σ gradients over micro-batches, push them with the sample count and the
 model's state, and obey the work order in the reply (which also carries the
 fresh values). Through an outage of the PS it retries (``client.Reconnect``): it registers again and
@@ -31,7 +31,7 @@ log = logging.getLogger("switchps.worker")
 def run_worker(cfg: RunConfig, index: int) -> int:
     """Train until the PS says stop; returns the number of steps taken."""
     data, model = prepare(cfg)
-    x, y = data.shard(index, cfg.cluster.num_workers)
+    x, y = data.partition(index, cfg.cluster.num_workers)
     gc = GradientComputer(model, data.input_shape)
     gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     layout = gc.weights.layout()

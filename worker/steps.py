@@ -44,7 +44,7 @@ class Computer(Protocol):
 
 
 class Sampler:
-    """Draws sample indices from a shard in seeded, reshuffled epochs."""
+    """Draws sample indices from a data partition in seeded, reshuffled epochs."""
 
     def __init__(self, n: int, seed: int) -> None:
         self.n = n

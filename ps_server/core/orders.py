@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from switchps.ps_server.events import StepReport, invalid
+from switchps.ps_server.events import StepReport, absolute, invalid, relative
 
 RATE = 1.05
 """Another host's clock may run this much faster than the PS's."""
@@ -81,9 +81,17 @@ class Orders:
         if report.delay_factor > MAX_FACTOR:
             raise invalid("stats", f"delay_factor {report.delay_factor:.6g} exceeds {MAX_FACTOR:g}")
 
-    def state_dict(self) -> dict[str, Any]:
-        """The budgets (times are not kept: after a restart they belong to another process's clock)."""
-        return {str(w): [o.samples, o.budget] for w, o in self.current.items()}
+    def state_dict(self, now: float) -> dict[str, Any]:
+        return {str(w): [o.samples, relative(o.since, now), o.budget, relative(o.issued_at, now)]
+                for w, o in self.current.items()}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.current = {int(w): Order(int(s), None, int(b), None) for w, (s, b) in d.items()}
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
+        self.current = {int(w): Order(int(s), absolute(since, now), int(b), absolute(at, now))
+                        for w, (s, since, b, at) in d.items()}
+
+    def restarted(self) -> None:
+        """The orders' times belong to the crashed process's clock (a checkpoint's clock leaves out the
+        outage and the work it lost): only the run's span bounds their pushes now."""
+        self.current = {w: Order(o.samples, None, o.budget, None) for w, o in self.current.items()}
+
+

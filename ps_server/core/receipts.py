@@ -45,4 +45,7 @@ class Receipts:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.last = {int(w): (int(v[0]), int(v[1])) for w, v in d.items()}
+
+    def restarted(self) -> None:
+        """The pushes received after the checkpoint are unknown: each worker's next receipt anchors anew."""
         self.restored = set(self.last)

@@ -1,0 +1,103 @@
+"""Membership and the run's lifecycle: who registered, who is active, when training started and ends.
+
+Training starts once the model is initialized and every worker registered, or once ``startup_timeout_s``
+has passed since the first registration with whoever is there. It ends when ``train`` says (steps,
+epochs or seconds), measured by ``progress``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from switchps.config import TrainSpec
+from switchps.ps_server.events import Membership, Record, absolute, relative
+
+
+
+
+@dataclass
+class Lifecycle:
+    """The membership and the start and end of training (times on the driver's clock)."""
+
+    train: TrainSpec
+    members: Membership
+    startup_timeout_s: float
+    initialized: bool = False
+    first_register: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+    def register(self, worker: int, partition_size: int, now: float, version: int) -> list[Record]:
+        rejoin = worker in self.members.registered
+        self.members.registered[worker] = partition_size
+        self.members.last_seen[worker] = now
+        self.first_register = self.first_register or now
+        return self.activate(worker, "worker_rejoined" if rejoin else "worker_joined", version)
+
+    def activate(self, worker: int, event: str, version: int) -> list[Record]:
+        if worker in self.members.active:
+            return []
+        self.members.active.add(worker)
+        return [Record(event, {"worker": worker, "version": version})]
+
+    def deactivate(self, worker: int, reason: str, version: int) -> Record:
+        self.members.active.discard(worker)
+        return Record("deadline_missed", {"worker": worker, "version": version, "reason": reason})
+
+    def start(self, now: float) -> list[Record] | None:
+        """Start training now if it may (then ``started_at`` is ``now``; returns its records), else None."""
+        m = self.members
+        if self.started_at is not None or not self.initialized or self.first_register is None:
+            return None
+        complete = len(m.registered) >= m.num_workers
+        if not complete and now - self.first_register < self.startup_timeout_s:
+            return None
+        self.started_at = now
+        workers = {"workers": sorted(m.registered)}
+        return ([] if complete else [Record("started_incomplete", workers)]) + [Record("training_started", workers)]
+
+    def start_deadline(self) -> float | None:
+        """When training starts without the workers still missing, if it has not started."""
+        first = self.first_register
+        return first + self.startup_timeout_s if first is not None and self.initialized else None
+
+    def progress(self, now: float, version: int, samples: int) -> float:
+        """The fraction of the training length done: exactly 1.0 once it is reached (compared, not divided,
+        as (t0 + s - t0) / s can round below 1)."""
+        t, started = self.train, self.started_at
+        if t.steps or t.epochs:
+            done, length = (version, t.steps) if t.steps else \
+                (samples, (t.epochs or 0) * sum(self.members.registered.values()))
+            return 0.0 if not length else 1.0 if done >= length else done / length
+        if started is None or not t.seconds:
+            return 0.0
+        return 1.0 if now >= started + t.seconds else (now - started) / t.seconds
+
+    def end_deadline(self) -> float | None:
+        """When a time-limited run ends."""
+        return self.started_at + self.train.seconds if self.started_at is not None and self.train.seconds else None
+
+    def state_dict(self, now: float) -> dict[str, Any]:
+        m = self.members
+        return {"registered": {str(w): n for w, n in m.registered.items()}, "active": sorted(m.active),
+                "excluded": sorted(m.excluded), "last_seen": {str(w): t - now for w, t in m.last_seen.items()},
+                "initialized": self.initialized, "first_register": relative(self.first_register, now),
+                "started_at": relative(self.started_at, now), "finished_at": relative(self.finished_at, now)}
+
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
+        m = self.members
+        m.registered = {int(w): int(n) for w, n in d["registered"].items()}
+        m.active, m.excluded = set(d["active"]), set(d["excluded"])
+        m.last_seen = {int(w): now + t for w, t in d["last_seen"].items()}
+        self.initialized = d["initialized"]
+        self.first_register, self.started_at = absolute(d["first_register"], now), absolute(d["started_at"], now)
+        self.finished_at = absolute(d["finished_at"], now)
+
+    def restarted(self, now: float) -> None:
+        """After a restart every worker has a fresh deadline: it needs time to reconnect."""
+        self.members.last_seen = dict.fromkeys(self.members.registered, now)
