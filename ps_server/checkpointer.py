@@ -4,7 +4,7 @@ A checkpoint holds everything a PS needs to go on as if it had paused: the model
 and non-trainable), the optimizer's state (slots, iterations, learning-rate scale, momentum in force),
 the core's state (version, samples, protocol in force and its round in flight, controller and policy
 state, batches, exclusions, SSP clocks, the receipts of pushes received), where each record file
-stands, and the latest evaluation.
+stands, the latest evaluation, and the run config it was made with (which a resume compares).
 
 Concurrency: ``take`` runs on the event loop, between events, so the core's state it reads is that of
 exactly ``core.version``. The values and optimizer state are copied on the applier thread, queued
