@@ -4,7 +4,7 @@ A checkpoint holds everything a PS needs to go on as if it had paused: the model
 and non-trainable), the optimizer's state (slots, iterations, learning-rate scale, momentum in force),
 the core's state (version, samples, protocol in force and its round in flight, controller and policy
 state, batches, exclusions, SSP clocks, the receipts of pushes received), where each record file
-stands, and the latest evaluation.
+stands, the latest evaluation, and the run config it was made with (which a resume compares).
 
 Concurrency: ``take`` runs on the event loop, between events, so the core's state it reads is that of
 exactly ``core.version``. The values and optimizer state are copied on the applier thread, queued
@@ -60,8 +60,10 @@ class CheckpointStats:
 class Checkpointer:
     """Takes a checkpoint when ``spec`` says one is due; see the module docstring for the threads."""
 
-    def __init__(self, directory: Path, spec: CheckpointSpec, now: float) -> None:
-        self.directory, self.spec = directory, spec
+    def __init__(self, directory: Path, spec: CheckpointSpec, now: float, config: dict[str, Any]) -> None:
+        """``config``: the run config as plain data, saved in each checkpoint so that a resume can refuse
+        a config that changes what the checkpoint was made with (``switchps.resume_rules``)."""
+        self.directory, self.spec, self.config = directory, spec, config
         self.stats = CheckpointStats()
         self.last_at, self.last_version = now, -1
         self._in_flight = False  # guarded by ``_idle``: set by ``take``, cleared by the writer
@@ -94,7 +96,7 @@ class Checkpointer:
             "core": ps.core.state_dict(now), "records": ps.rec.position(),
             "layout": np.frombuffer(ps.store.layout.SerializeToString(), np.uint8),
             "last_eval": None if last is None else [last.version, last.test_loss, last.test_accuracy],
-            "saved_at": time.time(),
+            "saved_at": time.time(), "config": self.config,
         }
 
         def capture(opt: Optimizer) -> None:  # on the applier: every update up to ``version`` is applied

@@ -14,6 +14,7 @@ from switchps.config import RunConfig
 from switchps import resources
 from switchps.errors import RunDirError
 from switchps.resources import ResourceSampler
+from switchps.resume_rules import refuse_incompatible
 from switchps.policies.registry import make_policy
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import Checkpoint
@@ -58,7 +59,7 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
         _note_resume(ps, resume)
     ck = cfg.checkpoint
     if ck.every_s or ck.every_updates:
-        ps.checkpointer = Checkpointer(run_dir / "checkpoints", ck, time.monotonic())
+        ps.checkpointer = Checkpointer(run_dir / "checkpoints", ck, time.monotonic(), cfg.model_dump(mode="json"))
         if resume is not None:
             ps.checkpointer.last_version = resume.version
     return ps
@@ -78,10 +79,12 @@ def check_resumable(run_dir: Path) -> Checkpoint | None:
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> Checkpoint | None:
-    """A new run directory (refusing to reuse one that holds a run), or the checkpoint to resume from."""
+    """A new run directory (refusing to reuse one that holds a run), or the checkpoint to resume from
+    (refusing a config that changes what it was made with: ``ConfigError``)."""
     if resume:
         ckpt = check_resumable(run_dir)
         if ckpt is not None:
+            refuse_incompatible(run_dir, ckpt, cfg)
             return ckpt
     elif any((run_dir / name).exists() for name in RECORD_FILES):
         raise RunDirError(f"{run_dir} already holds a run; resume it with --resume {run_dir}, "

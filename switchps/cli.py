@@ -19,6 +19,7 @@ from switchps import EXIT_CONFIG, EXIT_INTERRUPTED, __version__
 from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
 from switchps.errors import PSUnreachable, RunDirError
+from switchps.resume_rules import refuse_incompatible
 
 
 
@@ -74,13 +75,16 @@ def _tf_config(cfg: RunConfig, role: str, index: int | None) -> int | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     resume = Path(args.resume) if args.resume else None
+    ckpt = None
     if resume is not None:
         if args.config:
             raise ConfigError("run: give a config or --resume RUN_DIR (which holds its config), not both")
         from switchps.ps_server.main import check_resumable
 
-        check_resumable(resume)
+        ckpt = check_resumable(resume)
     cfg = load_config(resume / "config.yaml" if resume else args.config, args.set, role="run")
+    if resume is not None and ckpt is not None:
+        refuse_incompatible(resume, ckpt, cfg)
     from switchps.launcher import LaunchError, console, launch, summary_table
 
     try:

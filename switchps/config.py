@@ -312,7 +312,8 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo) -> "RunConfig":
         n = self.cluster.num_workers
-        problems = under("security", self.security.role_problems(_role(info)))
+        ps_host = self.cluster.ps.rpartition(":")[0]
+        problems = under("security", self.security.role_problems(_role(info), ps_host))
         if self.protocol.backup_workers >= n:
             problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
         if problems:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import stat
+from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import field_validator, model_validator
 
 from switchps.problems import Problem, Problems, under
 from switchps.schema import Section
+from switchps.tls_checks import tls_problems
 
 MIN_SECRET_CHARS = 32
 """A secret shorter than this (after stripping whitespace) is refused: 16 random bytes, hex-encoded."""
@@ -42,21 +44,28 @@ class TLSSpec(Section):
     client_key: str | None = None
     require_client_cert: bool = False
 
-    def role_problems(self, role: str | None) -> list[Problem]:
-        """The files ``role`` needs that are missing or unreadable."""
+    def role_problems(self, role: str | None, ps_host: str) -> list[Problem]:
+        """The files ``role`` needs that are missing or unreadable, then what a handshake would refuse in
+        those it can read (``switchps.tls_checks``); ``ps_host`` is the host clients dial, which the
+        server certificate must name (checked by the roles that serve with it: ``run`` and ``ps``)."""
         if role is None:
             return []
-        needed = ["ca"] + (["cert", "key"] if role in ("run", "ps") else [])
+        serves = role in ("run", "ps")
+        needed = ["ca"] + (["cert", "key"] if serves else [])
         if self.require_client_cert and role != "ps":
             needed += ["client_cert", "client_key"]
         problems: list[Problem] = []
+        readable: dict[str, str] = {}
         for f in needed:
             try:
-                if _readable(getattr(self, f)) is None:
+                if (path := _readable(getattr(self, f))) is None:
                     problems.append((f, "required" + (" with require_client_cert: true" if "client" in f else "")))
+                else:
+                    readable[f] = path
             except ValueError as e:
                 problems.append((f, str(e)))
-        return problems
+        now = datetime.now(timezone.utc)
+        return problems + tls_problems(readable, ps_host if serves else None, now)
 
 
 class SecuritySpec(Section):
@@ -90,9 +99,10 @@ class SecuritySpec(Section):
             raise Problems([(given[0], f"the secret is shorter than {MIN_SECRET_CHARS} characters")])
         return self
 
-    def role_problems(self, role: str | None) -> list[Problem]:
-        """What stops the command ``role`` from starting: its secret or its TLS files are missing."""
-        problems = under("tls", self.tls.role_problems(role)) if self.tls is not None else []
+    def role_problems(self, role: str | None, ps_host: str) -> list[Problem]:
+        """What stops the command ``role`` from starting: its secret is missing, or its TLS files are
+        missing or would fail the handshake with the PS at ``ps_host``."""
+        problems = under("tls", self.tls.role_problems(role, ps_host)) if self.tls is not None else []
         if self.secret_env is not None and role is not None and not os.environ.get(self.secret_env):
             problems.append(("secret_env", f"the environment variable {self.secret_env} is not set"))
         if self.secret_file is None and self.secret_env is None and not self.insecure and role in SECRET_ROLES:

@@ -77,6 +77,13 @@ BAD = [
      ["policy.kwargs.bsp_fracton: unexpected keyword argument (did you mean bsp_fraction?)"]),
     ("missing dataset", "data: {name: mnist}", [], [("data.name: mnist: ", "mnist.npz not found; put it there")]),
     ("missing npz", "data: {name: npz, path: nowhere.npz}", [], ["data.path: npz: nowhere.npz not found"]),
+    # a key given twice: YAML forbids it, PyYAML alone would keep the later value
+    ("duplicate top-level key", "seed: 1\nname: x\nseed: 2\n", [],
+     [("config: ", "bad.yaml: duplicate key 'seed' at line 3 (first at line 1)")]),
+    ("duplicate nested key", "protocol:\n  name: bsp\n  batch: 8\n  name: asp\n", [],
+     [("config: ", "bad.yaml: duplicate key 'protocol.name' at line 4 (first at line 2)")]),
+    ("duplicate key in --set", "train: {steps: 10}", ["model.kwargs={width: 1, width: 2}"],
+     ["model.kwargs: --set value '{width: 1, width: 2}' has a duplicate key 'width' at line 1 (first at line 1)"]),
     # several at once, in the schema's order
     ("many at once", "protocol: {name: gossip, batch: 0}\noptimizer: {learning_rate: -1}\ncluster: {workers: 0}\n"
                      "bogus: 1\n", [],
@@ -262,3 +269,22 @@ def test_zoo_checks_import_no_tensorflow(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.stdout.splitlines() == ["model.kwargs.filter: unexpected keyword argument (did you mean filters?)", "[]"]
+
+
+DUPLICATED = {
+    "run": ("train: {steps: 10}\nprotocol:\n  name: bsp\n  batch: 8\nseed: 3\nprotocol: {name: asp}\n",
+            "duplicate key 'protocol' at line 6 (first at line 2)"),
+    "study": ("study: s\nbase:\n  train: {steps: 5}\narms:\n  a: {}\n  b: {protocol.name: asp}\n"
+              "  a: {protocol.name: ssp}\n", "duplicate key 'arms.a' at line 7 (first at line 5)"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(DUPLICATED))
+def test_a_key_given_twice_is_one_line_with_both_lines_and_nothing_starts(tmp_path, command):
+    content, problem = DUPLICATED[command]
+    (tmp_path / "dup.yaml").write_text(content)
+    proc = subprocess.run([SWITCHPS, command, "dup.yaml"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)  # PYTHONPATH kept: the code under test is the one imported
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"{PREFIX}config: dup.yaml: {problem}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dup.yaml"], "no run directory"
