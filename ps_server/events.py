@@ -11,7 +11,24 @@ a gradient: the driver keeps each push's buffer by push id and each open aggrega
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Literal, Protocol, Union
+
+
+class Settings(Protocol):
+    """The protocol fields of the config (``config.ProtocolSpec``)."""
+
+    name: str
+    batch: int
+    micro_batch: int | None
+    time_budget_s: float | None
+    max_batch: int | None
+    deadline_s: float
+    backup_workers: int
+    staleness: int
+    staleness_lr: bool
+    k: int | None
+    window_s: float | None
+    excluded_pushes: Literal["join", "drop"]
 
 
 @dataclass(eq=False)  # compared by identity: one push, one reply

@@ -1,9 +1,9 @@
 """Synchronization protocols as small objects: when a push is applied, and when its pusher hears back.
 
-Each class is one aggregation rule. The core admits a push (its staleness set); the protocol answers
-with an ``Effect``: updates to apply now, held pushes to release, whether this pusher waits, or why the
-push is dropped. Deadlines and windows arrive through ``on_timer``; time is an argument, never read.
-Like ps-lite's request handlers, the rules differ only in which replies they release, and when:
+Each class is one aggregation rule over push metadata (never a gradient). The core admits a push; the
+protocol answers with an ``Effect``: the aggregate it joins, updates to apply now, held pushes to
+release, whether this pusher waits, or why it is dropped. Time is an argument, never read. Like
+ps-lite's request handlers, the rules differ only in which replies they release, and when:
 - ``Rounds`` (bsp, fmb, amb): each worker in the barrier pushes once per version; the round, minus
   ``backup_workers`` late pushes, becomes one update and releases everyone. A round older than
   ``deadline_s`` completes without its missing workers. AMB differs only in its work order (T).
@@ -16,29 +16,12 @@ Like ps-lite's request handlers, the rules differ only in which replies they rel
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar
 
 from switchps.ps_server.events import (
-    Aggregate, Batches, Budget, Effect, Membership, Push, Update, aggregate_from, aggregate_state, push_from,
-    push_state,
+    Aggregate, Batches, Budget, Effect, Membership, Push, Settings, Update, aggregate_from, aggregate_state,
+    push_from, push_state,
 )
-
-
-class Settings(Protocol):
-    """The protocol fields of the config (``config.ProtocolSpec``)."""
-
-    name: str
-    batch: int
-    micro_batch: int | None
-    time_budget_s: float | None
-    max_batch: int | None
-    deadline_s: float
-    backup_workers: int
-    staleness: int
-    staleness_lr: bool
-    k: int | None
-    window_s: float | None
-    excluded_pushes: Literal["join", "drop"]
 
 
 def required(m: Membership) -> set[int]:
@@ -96,17 +79,17 @@ class SyncProtocol(ABC):
         """Whether a switch must wait (a round in flight completes first)."""
         return False
 
-    def waiting(self) -> list[Push]:
-        return []  # the admitted pushes whose pushers still wait for a reply
+    def waiting(self) -> list[Push]:  # the admitted pushes whose pushers still wait for a reply
+        return []
 
     def drain(self, m: Membership, now: float) -> Effect:
         """Leave force or end training: apply what is pending and release whoever waits."""
         return Effect()
 
-    def on_timer(self, m: Membership, now: float) -> Effect:
+    def on_timer(self, m: Membership, now: float) -> Effect:  # a deadline or a window passed
         return Effect()
 
-    def next_timer(self, m: Membership) -> float | None:
+    def next_timer(self, m: Membership) -> float | None:  # when ``on_timer`` is next due
         return None
 
     def on_membership(self, m: Membership, now: float) -> Effect:
