@@ -109,9 +109,13 @@ class _Table:
         self.rows.append(row)
         self.count += 1
 
-    def flush(self) -> list[tuple]:
-        """Write the buffered rows; returns them."""
+    def take(self) -> list[tuple]:
+        """The buffered rows, handed over for writing (caller holds the recorder's lock)."""
         rows, self.rows = self.rows, []
+        return rows
+
+    def write(self, rows: list[tuple]) -> list[tuple]:
+        """Append ``rows`` to the file (caller holds the recorder's write lock, not its lock); returns them."""
         if rows:
             with self.path.open("a", newline="") as f:
                 csv.writer(f).writerows(rows)
@@ -139,7 +143,8 @@ class RunRecorder:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.t0: float | None = None  # training start; times in the record count from it
         self._created = time.monotonic()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the buffered rows, events and counts
+        self._write_lock = threading.Lock()  # one flush writes at a time, in order; taken before ``_lock``
         rows = (resume or {}).get("rows", {})
         self.ps = _Table(run_dir / "ps.csv", PS_COLUMNS, rows.get("ps"))
         self.workers = _Table(run_dir / "workers.csv", WORKER_COLUMNS, rows.get("workers"))
@@ -246,20 +251,26 @@ class RunRecorder:
         self.t0 = t0
 
     def flush(self, final: bool = False) -> None:
-        """Write buffered rows; events wait for the training start so their times share its origin."""
-        with self._lock:
+        """Write buffered rows; events wait for the training start so their times share its origin.
+
+        The rows are taken under ``_lock`` and written under ``_write_lock`` alone, so the event loop and
+        the applier, which take only ``_lock`` to append, never wait on the disk."""
+        with self._write_lock:
+            with self._lock:
+                trace = self.trace.take() if self.trace is not None else []
+                ps, workers, evals = self.ps.take(), self.workers.take(), self.eval.take()
+                ready = self.t0 is not None or final
+                events = [dumps({"time_s": self._rel(m), **e}) for m, e in self._events] if ready else []
+                if ready:
+                    self._events = []
             if self.trace is not None:
-                self.trace.flush()
-            self.tensorboard.updates([dict(zip(PS_COLUMNS, r)) for r in self.ps.flush()])
-            self.tensorboard.steps([dict(zip(WORKER_COLUMNS, r)) for r in self.workers.flush()])
-            self.tensorboard.evaluations(self.eval.flush())
-            if self.t0 is None and not final:
-                return
-            events = [dumps({"time_s": self._rel(m), **e}) for m, e in self._events]
-            self._events = []
-        if events:
-            with (self.run_dir / "events.jsonl").open("a") as f:
-                f.write("\n".join(events) + "\n")
+                self.trace.write(trace)
+            self.tensorboard.updates([dict(zip(PS_COLUMNS, r)) for r in self.ps.write(ps)])
+            self.tensorboard.steps([dict(zip(WORKER_COLUMNS, r)) for r in self.workers.write(workers)])
+            self.tensorboard.evaluations(self.eval.write(evals))
+            if events:
+                with (self.run_dir / "events.jsonl").open("a") as f:
+                    f.write("\n".join(events) + "\n")
 
     def _flush_loop(self, every_s: float) -> None:
         while not self._stop.wait(every_s):

@@ -196,7 +196,7 @@ class ProtocolSpec(Section):
     deadline_s: float = Field(30.0, gt=0)
     """A worker that has not pushed this long after a round began is marked inactive."""
     backup_workers: int = Field(0, ge=0, lt=MAX_WORKERS)
-    """BSP only: complete a round on the first N-k pushes and drop the k late ones (k < N)."""
+    """Round protocols (bsp, fmb, amb): complete a round on the first N-k pushes and drop the k late ones (k < N)."""
     excluded_pushes: Literal["join", "drop"] = "join"
     """Rounds: stale pushes from workers a policy took out of the barrier (elastic) join a later round
     as stale contributions, or are dropped and counted."""
