@@ -9,6 +9,8 @@ BLOCK=131072, best of 5, three runs):
 
 from __future__ import annotations
 
+import copy
+
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -198,11 +200,21 @@ def test_reset_state(name):
 ])
 def test_scale_state(name, scaled):
     opt = _stepped(name)
+    twin = copy.deepcopy(opt)
     before = {k: v.copy() for k, v in opt.state.items()}
     opt.scale_state(0.5)
+    assert scaled <= set(opt.state), "every state slot the rule scales exists"
     for key, arr in opt.state.items():
         factor = np.float32(0.5) if key in scaled else np.float32(1.0)
         np.testing.assert_array_equal(arr, before[key] * factor, err_msg=key)
+    params, grad = np.ones(50, np.float32), np.full(50, 0.5, np.float32)
+    twin_params = params.copy()
+    opt.apply(params, grad.copy())  # ``apply`` uses the gradient as scratch space
+    twin.apply(twin_params, grad.copy())
+    if scaled:
+        assert not np.array_equal(params, twin_params), "scaling the first moment changes the next step"
+    else:  # plain SGD, RMSprop without momentum and Adagrad: nothing to scale, the next step is unchanged
+        np.testing.assert_array_equal(params, twin_params)
 
 
 def test_scale_state_rmsprop_momentum_only():
