@@ -45,7 +45,8 @@ def optimizer_factory(cfg: RunConfig) -> Callable[[int], Optimizer]:
 def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) -> ParameterServer:
     """The PS for ``cfg``: a core, a model store and a run record, driven by the gRPC service; with
     ``resume``, continued from that checkpoint."""
-    store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes)
+    # Each worker has one push in flight, and may resend it while the PS still reads the first.
+    store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes, receive_slots=cfg.cluster.num_workers + 1)
     p = cfg.policy
     core = Core(cfg.protocol, cfg.train, cfg.cluster.num_workers, startup_timeout_s=cfg.cluster.startup_timeout_s,
                 on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),

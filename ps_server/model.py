@@ -20,6 +20,7 @@ condition "no update queued". No two of these locks are ever held together.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -30,22 +31,29 @@ from typing import AsyncIterator, Callable, Iterator
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, trim_heap
 from switchps.protos.layout import trainable_size
-from switchps.ps_server.events import invalid, precondition
+from switchps.ps_server.events import Rejected, invalid, precondition
 from switchps.ps_server.optimizers import Optimizer
 from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")
+TRIM_DELAY_S = 0.5
 
 
 class BufferPool:
-    """Reuses large gradient buffers so pushes don't page-fault fresh memory each time."""
+    """Model-sized receive buffers, reused so pushes don't page-fault fresh memory each time, and bounded.
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    At most ``limit`` payloads are received at once, and at most ``limit`` free buffers are kept: with a
+    fresh buffer per concurrent push, rounds of refused pushes grew the PS's resident memory without bound.
+    """
+
+    def __init__(self, size: int, limit: int = 8) -> None:
+        self.size, self.limit = size, limit
         self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # ``put`` also runs on the applier thread
+        self._slots: asyncio.Semaphore | None = None  # made on the event loop, its only user
+        self._trim_due = False
 
     def get(self) -> np.ndarray:
         with self._lock:
@@ -55,8 +63,43 @@ class BufferPool:
 
     def put(self, buf: np.ndarray) -> None:
         with self._lock:
-            if len(self._free) < 8:
+            if buf.size == self.size and len(self._free) < self.limit:
                 self._free.append(buf)
+
+    @contextlib.asynccontextmanager
+    async def receiving(self, wait_s: float, size: int | None = None) -> AsyncIterator[np.ndarray]:
+        """A buffer to receive one payload into (a fresh one of ``size`` elements if given), once a receive
+        slot is free: ``Rejected`` (RESOURCE_EXHAUSTED) if none frees within ``wait_s``. The buffer is the
+        caller's if the body succeeds, and goes back to the pool if it raises."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Rejected("RESOURCE_EXHAUSTED", "busy", f"{self.limit} payloads are already being received "
+                                                         f"(waited {wait_s:g}s)") from None
+        try:
+            buf = self.get() if size is None else np.empty(size, np.float32)
+            try:
+                yield buf
+            except BaseException:
+                self.put(buf)
+                self._trim_soon()
+                raise
+        finally:
+            self._slots.release()
+
+    def _trim_soon(self) -> None:
+        """Give the heap's free pages back to the OS shortly after a refused payload, at most
+        ``1 / TRIM_DELAY_S`` times a second however many are refused (see ``codec.trim_heap``)."""
+        if not self._trim_due:
+            self._trim_due = True
+            asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._trim)
+
+    def _trim(self) -> None:
+        self._trim_due = False
+        trim_heap()
 
 
 class Snapshot:
@@ -162,15 +205,16 @@ class ModelStore:
     state); the optimizer sees only its first ``trainable`` elements.
     """
 
-    def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 receive_slots: int = 8) -> None:
         self._make_optimizer = make_optimizer
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes, self.receive_slots = chunk_bytes, receive_slots
         self.lock = threading.Lock()
         self.layout = pb.Layout()
         self.values = np.empty(0, np.float32)
         self.trainable = 0
         self.optimizer = make_optimizer(0)
-        self.buffers = BufferPool(0)
+        self.buffers = BufferPool(0, receive_slots)
         self.initialized = False
         self.version = 0  # the newest version: its update may still be in the applier's queue
         self._latest = Snapshot.of(0, self.values, chunk_bytes)
@@ -190,7 +234,7 @@ class ModelStore:
             self.values = values
             self.trainable = trainable_size(layout)
             self.optimizer = self._make_optimizer(self.trainable)
-            self.buffers = BufferPool(values.size)
+            self.buffers = BufferPool(values.size, self.receive_slots)
             self._latest = Snapshot.of(self.version, values, self.chunk_bytes)
             self.initialized = True
 

@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from switchps.channels import ServerSecurity
-from switchps.protos.codec import grpc_options, tune_allocator
+from switchps.protos.codec import grpc_options, receive_limit, tune_allocator
 from switchps.ps_server.guard import Guard
 from switchps.ps_server.service import SERVICE, ParameterServer
 
@@ -23,7 +23,8 @@ class Server:
 
     Callers stay synchronous: the training loop in ``ps_server.main`` and the tests
     start and stop it from their own threads. With ``security``, every RPC but the health service needs
-    a token (``ps_server.guard``) and the port speaks TLS if it has a certificate.
+    a token (``ps_server.guard``) and the port speaks TLS if it has a certificate. A message larger than
+    one chunk and a header is refused by gRPC from its length prefix (``codec.receive_limit``).
     """
 
     def __init__(self, ps: ParameterServer, address: str, security: ServerSecurity = ServerSecurity()) -> None:
@@ -42,7 +43,8 @@ class Server:
         if self.security.secret is not None:
             self.ps.guard = Guard(self.security.secret, self.ps.count_rejection)
             interceptors.append(self.ps.guard)
-        self._server = grpc.aio.server(options=grpc_options(), interceptors=interceptors)
+        options = grpc_options(max_receive_bytes=receive_limit(self.ps.store.chunk_bytes))
+        self._server = grpc.aio.server(options=options, interceptors=interceptors)
         self._server.add_generic_rpc_handlers([self.ps.handler()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

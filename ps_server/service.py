@@ -235,9 +235,12 @@ class ParameterServer:
             raise precondition("already_initialized", "the model is already initialized")
         if header.layout_digest != layout.digest:
             raise precondition("layout", "the initial values' layout differs from the registered one")
-        values = np.empty(layout_size(layout), np.float32)
-        if not await fill(PayloadWriter(values, check_finite=True), first, frames, ctx):
-            raise invalid("non_finite", "initial values are not finite")
+        if header.nbytes != layout_size(layout) * 4:
+            raise invalid("size", f"initial values declare {header.nbytes} bytes, the layout has "
+                                  f"{layout_size(layout) * 4}")
+        async with self.store.buffers.receiving(self.receive_timeout_s, layout_size(layout)) as values:
+            if not await fill(PayloadWriter(values, check_finite=True), first, frames, ctx):
+                raise invalid("non_finite", "initial values are not finite")
         return header.worker, layout, values
 
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -300,13 +303,9 @@ class ParameterServer:
         self.store.check(h.layout_digest, h.nbytes)
         report = _report(h.stats)
         self.core.check_push(h.worker, h.samples, h.base_version, report, self.clock(), h.session)
-        grad = self.store.buffers.get()
-        try:
+        async with self.store.buffers.receiving(self.receive_timeout_s) as grad:
             if not await fill(PayloadWriter(grad, check_finite=True), first, frames, ctx, stream):
                 raise invalid("non_finite", "gradient has NaN or inf values")
-        except BaseException:
-            self.store.buffers.put(grad)
-            raise
         return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
                     step=report.step, session=h.session), report, grad
 
