@@ -25,13 +25,14 @@ from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server import core_state, observer
 from switchps.ps_server.events import (
     Action, Apply, Batches, Count, Effect, Membership, Outcome, Push, Record, Recycle, Release, SetOptimizer,
-    StepReport, Update, WorkOrder, invalid, precondition,
+    StepReport, Update, WorkOrder,
 )
 from switchps.ps_server.overhead import SwitchRecord
 from switchps.ps_server.protocols import PROTOCOLS, make_protocol
 from switchps.ps_server.orders import Orders
 from switchps.ps_server.receipts import Receipts
 from switchps.ps_server.rescale import ramp, rescaled, restore_factor
+from switchps.refusals import invalid, precondition
 
 MAX_SHARD_SIZE = 2**40
 

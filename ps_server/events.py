@@ -192,22 +192,6 @@ class Count:
 Action = Union[Apply, Release, SetOptimizer, Record, Count]
 
 
-class Rejected(Exception):
-    """A request that must not touch the model: the gRPC status name and the reason it is counted under."""
-
-    def __init__(self, code: str, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason = code, reason
-
-
-def invalid(reason: str, message: str) -> Rejected:
-    return Rejected("INVALID_ARGUMENT", reason, message)
-
-
-def precondition(reason: str, message: str) -> Rejected:
-    return Rejected("FAILED_PRECONDITION", reason, message)
-
-
 # ---- checkpoint data: plain dicts of the state above (times as given) ---------------------------------
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES
 from switchps.protos.layout import trainable_size
-from switchps.ps_server.events import invalid, precondition
+from switchps.refusals import invalid, precondition
 from switchps.ps_server.optimizers import Optimizer
 
 log = logging.getLogger("switchps.ps")

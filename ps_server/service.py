@@ -45,14 +45,14 @@ from switchps.ps_server.core import Core
 from switchps.ps_server.frames import decode, fill, first_frame, one, parse
 from switchps.ps_server.guard import Guard
 from switchps.ps_server.events import (
-    Action, Apply, Count, Push, Record, Rejected, Release, SetOptimizer, StepReport, WorkOrder, invalid,
-    precondition,
+    Action, Apply, Count, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
 )
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.rescale import adjust_optimizer
+from switchps.ps_server.optimizers import adjust_optimizer
 from switchps.ps_server.validate import check_eval, check_layout
+from switchps.refusals import Rejected, invalid, precondition
 
 SERVICE = "switchps.ParameterServer"
 PUSHES = Counter("switchps_pushes", "Pushes by outcome", ["outcome"])

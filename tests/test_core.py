@@ -7,7 +7,8 @@ import pytest
 
 from harness import Harness
 from switchps.policies.base import Decision
-from switchps.ps_server.events import Push, Rejected, StepReport
+from switchps.ps_server.events import Push, StepReport
+from switchps.refusals import Rejected
 
 # ---- BSP, backup workers, deadlines -----------------------------------------------------------
 
