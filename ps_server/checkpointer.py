@@ -24,19 +24,49 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from switchps.config import CheckpointSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
+from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import Optimizer
-
-if TYPE_CHECKING:  # the service calls the checkpointer; it never calls back
-    from switchps.ps_server.service import ParameterServer
+from switchps.ps_server.records import RunRecorder
 
 log = logging.getLogger("switchps.ps")
+
+
+class CoreState(Protocol):
+    """The core as a checkpoint sees it: its version and its state as plain data."""
+
+    @property
+    def version(self) -> int: ...
+
+    def state_dict(self, now: float) -> dict[str, Any]: ...
+
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None: ...
+
+    def restarted(self, now: float) -> None: ...
+
+
+class Checkpointed(Protocol):
+    """What a checkpoint saves of a PS and restores into one: the core's state, the record's position,
+    the model store, the layout and the latest evaluation. The service (``ParameterServer``) is one; the
+    checkpointer never sees the rest of it, so it can neither call back into the service nor import it."""
+
+    last_eval: pb.EvalReport | None
+    layout: pb.Layout | None
+
+    @property
+    def core(self) -> CoreState: ...
+
+    @property
+    def rec(self) -> RunRecorder: ...
+
+    @property
+    def store(self) -> ModelStore: ...
 
 
 @dataclass
@@ -82,7 +112,7 @@ class Checkpointer:
         return bool((s.every_updates and version - max(self.last_version, 0) >= s.every_updates)
                     or (s.every_s and now - self.last_at >= s.every_s))
 
-    def take(self, ps: ParameterServer, now: float) -> None:
+    def take(self, ps: Checkpointed, now: float) -> None:
         """Snapshot ``ps`` at its core's version; the file is written in the background."""
         version = ps.core.version
         with self._idle:
@@ -150,7 +180,7 @@ class Checkpointer:
                 self._idle.notify_all()
 
 
-def restore(ps: ParameterServer, ckpt: checkpoint.Checkpoint, now: float) -> None:
+def restore(ps: Checkpointed, ckpt: checkpoint.Checkpoint, now: float) -> None:
     """Continue ``ps`` (freshly built, not yet serving) from ``ckpt``."""
     s = ckpt.state
     layout = pb.Layout.FromString(s["layout"].tobytes())

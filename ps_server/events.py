@@ -223,22 +223,6 @@ class Count:
 Action = Union[Join, Free, Apply, Release, SetOptimizer, Record, Count]
 
 
-class Rejected(Exception):
-    """A request that must not touch the model: the gRPC status name and the reason it is counted under."""
-
-    def __init__(self, code: str, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason = code, reason
-
-
-def invalid(reason: str, message: str) -> Rejected:
-    return Rejected("INVALID_ARGUMENT", reason, message)
-
-
-def precondition(reason: str, message: str) -> Rejected:
-    return Rejected("FAILED_PRECONDITION", reason, message)
-
-
 # ---- checkpoint data: plain dicts, times relative to the moment of saving ------------------------------
 
 

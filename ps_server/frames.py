@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import FrameError, PayloadWriter, decode_header
-from switchps.ps_server.events import Rejected, invalid
+from switchps.refusals import Rejected, invalid
 
 H = TypeVar("H", pb.InitHeader, pb.PushHeader, pb.PullRequest)
 U = TypeVar("U", pb.RegisterRequest, pb.StatusRequest, pb.EvalReport)

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from switchps.auth import METADATA_KEY, Caller, admitted, authorize, verify
-from switchps.ps_server.events import Rejected
+from switchps.refusals import Rejected
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 """Reachable without a token: the launcher and load balancers probe health before anything else."""

@@ -19,7 +19,7 @@ from switchps.policies.registry import make_policy
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import Checkpoint
 from switchps.ps_server.checkpointer import Checkpointer, restore
-from switchps.ps_server.core import Core
+from switchps.ps_server.core.machine import Core
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import Optimizer, configured_momentum, make_optimizer

@@ -33,7 +33,7 @@ import numpy as np
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, trim_heap
 from switchps.protos.layout import trainable_size
-from switchps.ps_server.events import Rejected, invalid, precondition
+from switchps.refusals import Rejected, invalid, precondition
 from switchps.ps_server.optimizers import Optimizer
 from switchps.ps_server.sums import Sums
 

@@ -316,11 +316,6 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
 }
 
 
-def asynchrony_momentum(momentum: float, workers: int) -> float:
-    """Explicit momentum that, with the implicit 1 - 1/N of N asynchronous workers, adds up to ``momentum``."""
-    return max(0.0, momentum - (1.0 - 1.0 / workers))
-
-
 def configured_momentum(name: str, hyper: dict[str, float]) -> float:
     """The momentum an optimizer named ``name`` runs with (0 for those without one)."""
     return hyper.get("momentum", OPTIMIZERS[name].defaults.get("momentum", 0.0))
@@ -331,3 +326,16 @@ def make_optimizer(name: str, size: int, schedule: LRSchedule, **hyper: float) -
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
     return OPTIMIZERS[name](size, schedule, **hyper)
+
+
+def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,
+                     momentum: float | None) -> None:
+    """Put a scale and momentum in force, and keep, reset or scale the optimizer's state. Runs on the
+    applier thread, in order with the updates around it."""
+    opt.lr_scale = lr_scale
+    if momentum is not None:
+        opt.hyper["momentum"] = momentum
+    if state == "reset":
+        opt.reset_state()
+    elif state == "scale":
+        opt.scale_state(state_scale)

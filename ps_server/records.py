@@ -1,9 +1,8 @@
-"""The run record: CSV tables, an event log, counters and the summary, and the straggler trace format.
+"""The run record: CSV tables, an event log, counters and the summary.
 
 The PS is the only writer of a run directory. Rows are buffered and flushed
 by a background thread so that recording never blocks the push path on disk.
-``stragglers.csv`` holds each worker step's planned delays at full precision,
-so that ``load_trace`` gives a later run exactly the same ``StepDelays``.
+``stragglers.csv`` is written in the format of ``switchps.straggler_trace``.
 """
 
 from __future__ import annotations
@@ -19,56 +18,13 @@ from typing import Any
 from switchps.jsonfile import dumps, write_json
 from switchps.ps_server.events import Apply, StepReport
 from switchps.ps_server.tensorboard import TensorBoard
+from switchps.straggler_trace import TRACE_FILE_COLUMNS
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
               "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s", "pushes")
 WORKER_COLUMNS = ("time_s", "worker", "step", "base_version", "samples", "compute_s", "send_s",
                   "wait_s", "sleep_s", "loss")
-TRACE_COLUMNS = ("worker", "step", "sleep_s", "factor", "comm_s")
-TRACE_FILE_COLUMNS = ("time_s", *TRACE_COLUMNS)
 EVAL_COLUMNS = ("time_s", "version", "test_loss", "test_accuracy")
-
-
-@dataclass(frozen=True)
-class StepDelays:
-    """What a worker does to itself during one step."""
-
-    sleep_s: float = 0.0
-    """Slept right after the work order arrives, before computing, inside the step's time budget."""
-    factor: float = 1.0
-    """Compute slowdown: after each micro-batch, sleep (factor - 1) x its measured compute time."""
-    comm_s: float = 0.0
-    """Slept just before the push (network latency)."""
-
-    @property
-    def none(self) -> bool:
-        """True when the step is not delayed at all."""
-        return self.sleep_s == 0.0 and self.factor == 1.0 and self.comm_s == 0.0
-
-
-
-def load_trace(path: str | Path) -> dict[tuple[int, int], StepDelays]:
-    """Read a stragglers.csv into {(worker, step): StepDelays}.
-
-    The header must contain ``TRACE_COLUMNS``; other columns (e.g. ``time_s``) are ignored.
-    If a (worker, step) appears twice, the last row wins.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"straggler trace not found: {path}")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
-        out: dict[tuple[int, int], StepDelays] = {}
-        for line, row in enumerate(reader, start=2):
-            try:
-                key = (int(row["worker"]), int(row["step"]))
-                out[key] = StepDelays(float(row["sleep_s"]), float(row["factor"]), float(row["comm_s"]))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{line}: bad row ({e})") from None
-    return out
 
 
 @dataclass

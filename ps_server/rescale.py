@@ -12,7 +12,6 @@ started however membership changed in between.
 from __future__ import annotations
 
 from switchps.config import SwitchSpec
-from switchps.ps_server.optimizers import Optimizer, asynchrony_momentum
 from switchps.ps_server.protocols import Batches, SyncProtocol
 
 
@@ -23,6 +22,11 @@ def lr_rule_factor(rule: str | float, ratio: float) -> float:
     if rule == "linear":
         return ratio
     return float(rule) if ratio > 1.0 else 1.0 / float(rule)
+
+
+def asynchrony_momentum(momentum: float, workers: int) -> float:
+    """Explicit momentum that, with the implicit 1 - 1/N of N asynchronous workers, adds up to ``momentum``."""
+    return max(0.0, momentum - (1.0 - 1.0 / workers))
 
 
 def momentum_in_force(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured: float,
@@ -68,16 +72,3 @@ def rescaled(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSp
     """The learning-rate scale and the momentum in force under ``current``."""
     mu = momentum_in_force(current, reference, on_switch, configured_momentum, b.num_workers)
     return lr_scale(current, reference, on_switch, configured_momentum, b), mu
-
-
-def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,
-                     momentum: float | None) -> None:
-    """Put a scale and momentum in force, and keep, reset or scale the optimizer's state. Runs on the
-    applier thread, in order with the updates around it."""
-    opt.lr_scale = lr_scale
-    if momentum is not None:
-        opt.hyper["momentum"] = momentum
-    if state == "reset":
-        opt.reset_state()
-    elif state == "scale":
-        opt.scale_state(state_scale)

@@ -41,18 +41,18 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import PayloadWriter, aencode, encode
 from switchps.protos.layout import layout_size
 from switchps.ps_server.checkpointer import Checkpointer
-from switchps.ps_server.core import Core
+from switchps.ps_server.core.machine import Core
 from switchps.ps_server.frames import decode, fill, first_frame, one, parse
 from switchps.ps_server.guard import Guard
 from switchps.ps_server.events import (
-    Action, Apply, Count, Free, Join, Push, Record, Rejected, Release, SetOptimizer, StepReport, WorkOrder,
-    invalid, precondition,
+    Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
 )
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.rescale import adjust_optimizer
+from switchps.ps_server.optimizers import adjust_optimizer
 from switchps.ps_server.validate import check_eval, check_layout
+from switchps.refusals import Rejected, invalid, precondition
 
 SERVICE = "switchps.ParameterServer"
 PUSHES = Counter("switchps_pushes", "Pushes by outcome", ["outcome"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tensorboardX import SummaryWriter
 
-from switchps.ps_server.protocols import PROTOCOLS
+from switchps.names import PROTOCOLS
 
 PROTOCOL_INDEX = {name: i for i, name in enumerate(PROTOCOLS)}
 

@@ -14,7 +14,7 @@ import math
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import layout_digest
-from switchps.ps_server.events import invalid, precondition
+from switchps.refusals import invalid, precondition
 
 
 def check_layout(layout: pb.Layout, max_model_bytes: int) -> None:

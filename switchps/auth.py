@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from switchps.ps_server.events import Rejected
+from switchps.refusals import Rejected
 
 METADATA_KEY = "authorization"
 ROLES = ("worker", "evaluator", "status")

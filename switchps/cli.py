@@ -16,6 +16,7 @@ from types import FrameType
 import grpc
 
 from switchps import EXIT_CONFIG, EXIT_INTERRUPTED, __version__
+from switchps.checks import PREFLIGHT
 from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
 from switchps.errors import PSUnreachable, RunDirError
@@ -82,7 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from switchps.ps_server.main import check_resumable
 
         ckpt = check_resumable(resume)
-    cfg = load_config(resume / "config.yaml" if resume else args.config, args.set, role="run")
+    cfg = load_config(resume / "config.yaml" if resume else args.config, args.set, role="run", checks=PREFLIGHT)
     if resume is not None and ckpt is not None:
         refuse_incompatible(resume, ckpt, cfg)
     from switchps.launcher import LaunchError, console, launch, summary_table
@@ -98,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, role="ps")
+    cfg = load_config(args.config, args.set, role="ps", checks=PREFLIGHT)
     _tf_config(cfg, "ps", None)
     from switchps.ps_server.main import run_ps
 
@@ -111,7 +112,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, role="worker")
+    cfg = load_config(args.config, args.set, role="worker", checks=PREFLIGHT)
     index = _tf_config(cfg, "worker", args.index)
     if index is None:
         raise ConfigError("worker: give --index or a TF_CONFIG with task.index")
@@ -126,7 +127,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluator(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, role="evaluator")
+    cfg = load_config(args.config, args.set, role="evaluator", checks=PREFLIGHT)
     _tf_config(cfg, "evaluator", None)
     from switchps.worker.evaluator import run_evaluator
 
@@ -146,7 +147,7 @@ def _sample_resources(role: str, run_dir: str | None) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     if args.checkpoint != "latest" and not args.checkpoint.isdigit():
         raise ConfigError(f"export: --checkpoint must be latest or a version number, got {args.checkpoint!r}")
-    from switchps.worker.export import export
+    from switchps.export import export
 
     version = None if args.checkpoint == "latest" else int(args.checkpoint)
     print(export(Path(args.run_dir), version, Path(args.out) if args.out else None))
@@ -222,7 +223,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_tune_switch(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, role="run")
+    cfg = load_config(args.config, args.set, role="run", checks=PREFLIGHT)
     from switchps.tune import tune_switch
 
     tune_switch(cfg, args.tolerance, args.repeats, args.min_fraction, quiet=args.quiet)

@@ -1,14 +1,16 @@
 """One YAML file describes a run; this module validates it strictly, before any process starts.
 
 Every section forbids unknown keys, numbers are finite and bounded, and the
-optimizer, schedule, model and policy are checked against what builds them.
-``load_config`` raises ``ConfigError`` listing every problem at once, one line
-each naming its field; ``--set`` style overrides (``protocol.name=asp``) are
-applied before validation.
+names of protocols, optimizers, schedules and datasets are checked against
+``switchps.names``. ``load_config`` raises ``ConfigError`` listing every
+problem at once, one line each naming its field; ``--set`` style overrides
+(``protocol.name=asp``) are applied before validation.
 
-Checks that need more than the config run only when a command asks for them
-with its ``role`` (see ``switchps.checks``): importing a ``module:function``
-model (the ``ps`` only finds its module) and finding the dataset files.
+This module imports no role, so the core and the workers can read a config.
+Whether the optimizer, schedule, model, data and policy would build is asked
+of the ``checks`` a command passes (``switchps.checks.PREFLIGHT``, which
+imports the roles); with its ``role`` it also imports a ``module:function``
+model (the ``ps`` only finds its module) and finds the dataset files.
 """
 
 from __future__ import annotations
@@ -23,25 +25,17 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from switchps.checks import Role, data_problems, model_problems, optimizer_problems
+from switchps import names
 from switchps.problems import ConfigError, Problems, describe, did_you_mean, under
-from switchps.ps_server.optimizers import OPTIMIZERS
-from switchps.ps_server.protocols import PROTOCOLS
-from switchps.ps_server.schedules import SCHEDULES, make_schedule
-from switchps.worker.data import DATASETS
-from switchps.schema import MAX_BATCH, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Section
+from switchps.schema import (
+    MAX_BATCH, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
+)
 from switchps.policy_config import PolicySpec, SwitchSpec
 from switchps.security_config import SecuritySpec
 from switchps.straggler_config import StragglerSpec
 from switchps.yamlfile import apply_override, read_yaml
 
 __all__ = ["ConfigError", "PolicySpec", "RunConfig", "SwitchSpec", "load_config", "parse_config"]
-
-
-
-
-def _role(info: ValidationInfo) -> Role | None:
-    return (info.context or {}).get("role")
 
 
 class Cluster(Section):
@@ -92,7 +86,7 @@ class ModelSpec(Section):
 
     @model_validator(mode="after")
     def _builds(self, info: ValidationInfo) -> "ModelSpec":
-        if problems := model_problems(self.name, self.kwargs, _role(info)):
+        if (checks := checks_of(info)) and (problems := checks.model(self.name, self.kwargs, role_of(info))):
             raise Problems(problems)
         return self
 
@@ -107,7 +101,7 @@ def one_of(v: str, names: Iterable[str], what: str) -> str:
 
 class DataSpec(Section):
     name: str = "digits"
-    """One of ``worker.data.DATASETS``."""
+    """One of ``switchps.names.DATASETS``."""
     path: str | None = None
     test_fraction: float = Field(0.2, gt=0, lt=1)
     num_samples: int = Field(10000, gt=0, le=10**7)
@@ -118,14 +112,14 @@ class DataSpec(Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        return one_of(v, DATASETS, "dataset")
+        return one_of(v, names.DATASETS, "dataset")
 
     @model_validator(mode="after")
     def _files(self, info: ValidationInfo) -> "DataSpec":
         """npz needs a path; processes that load the data need its files, checked before anything starts."""
         if self.name == "npz" and not self.path:
             raise ValueError("path is required when name is npz")
-        if problems := data_problems(self.name, self.path, _role(info)):
+        if (checks := checks_of(info)) and (problems := checks.data(self.name, self.path, role_of(info))):
             raise Problems(problems)
         return self
 
@@ -134,10 +128,10 @@ Step = Annotated[int, Field(ge=0, le=MAX_STEPS)]
 
 
 class ScheduleSpec(Section):
-    """Built here as the PS builds it, so a bad combination fails before any process starts."""
+    """Built by the checks as the PS builds it, so a bad combination fails before any process starts."""
 
     kind: str = "constant"
-    """One of ``ps_server.schedules.SCHEDULES``."""
+    """One of ``switchps.names.SCHEDULES``."""
     boundaries: list[Step] | None = None
     """step: increasing update counts; these and the other step counts are at most 2**31 - 1."""
     values: list[float] | None = None
@@ -150,17 +144,19 @@ class ScheduleSpec(Section):
     @field_validator("kind")
     @classmethod
     def _known(cls, v: str) -> str:
-        return one_of(v, SCHEDULES, "schedule")
+        return one_of(v, names.SCHEDULES, "schedule")
 
     @model_validator(mode="after")
-    def _builds(self) -> "ScheduleSpec":
-        make_schedule(self.kind, 1.0, **self.model_dump(exclude={"kind"}, exclude_none=True))
+    def _builds(self, info: ValidationInfo) -> "ScheduleSpec":
+        params = self.model_dump(exclude={"kind"}, exclude_none=True)
+        if (checks := checks_of(info)) and (problems := checks.schedule(self.kind, params)):
+            raise Problems(problems)
         return self
 
 
 class OptimizerSpec(Section):
     name: str = "sgd"
-    """One of ``ps_server.optimizers.OPTIMIZERS``."""
+    """One of ``switchps.names.OPTIMIZERS``."""
     learning_rate: float = Field(0.1, gt=0)
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     params: dict[str, float] = Field(default_factory=dict)
@@ -170,12 +166,13 @@ class OptimizerSpec(Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        return one_of(v, OPTIMIZERS, "optimizer")
+        return one_of(v, names.OPTIMIZERS, "optimizer")
 
     @field_validator("params")
     @classmethod
     def _builds(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
-        if "name" in info.data and (problems := optimizer_problems(info.data["name"], v)):
+        checks = checks_of(info)
+        if checks and "name" in info.data and (problems := checks.optimizer(info.data["name"], v)):
             raise Problems(problems)
         return v
 
@@ -184,7 +181,7 @@ class ProtocolSpec(Section):
     """The protocol in force and its parameters; policies change them live."""
 
     name: str = "bsp"
-    """One of ``ps_server.protocols.PROTOCOLS``: bsp, fmb, amb, asp, ssp, kasync, timed."""
+    """One of ``switchps.names.PROTOCOLS``: bsp, fmb, amb, asp, ssp, kasync, timed."""
     batch: int = Field(32, gt=0, le=MAX_BATCH)
     """Samples per worker step (the sample budget), at most 2**20; FMB is BSP with this fixed batch."""
     micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH)
@@ -212,7 +209,7 @@ class ProtocolSpec(Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        return one_of(v, PROTOCOLS, "protocol")
+        return one_of(v, names.PROTOCOLS, "protocol")
 
     @model_validator(mode="after")
     def _required(self) -> "ProtocolSpec":
@@ -313,7 +310,7 @@ class RunConfig(Section):
     def _cross_checks(self, info: ValidationInfo) -> "RunConfig":
         n = self.cluster.num_workers
         ps_host = self.cluster.ps.rpartition(":")[0]
-        problems = under("security", self.security.role_problems(_role(info), ps_host))
+        problems = under("security", self.security.role_problems(role_of(info), ps_host))
         if self.protocol.backup_workers >= n:
             problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
         if problems:
@@ -327,8 +324,10 @@ class RunConfig(Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = None) -> RunConfig:
-    """Override and validate ``raw``; ``role`` adds the checks that command needs (see the module doc)."""
+def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = None,
+                 checks: Checks | None = None) -> RunConfig:
+    """Override and validate ``raw``; ``checks`` add what builds the run, for the command ``role``
+    (see the module doc)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -340,7 +339,7 @@ def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = No
         except ConfigError as e:
             problems += e.problems
     try:
-        cfg = RunConfig.model_validate(raw, context={"role": role})
+        cfg = RunConfig.model_validate(raw, context={"role": role, "checks": checks})
     except ValidationError as err:
         problems += describe(err, raw, RunConfig)
     if problems:
@@ -348,7 +347,8 @@ def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = No
     return cfg
 
 
-def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = (), role: Role | None = None) -> RunConfig:
+def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = (), role: Role | None = None,
+                checks: Checks | None = None) -> RunConfig:
     """Load, override and validate a YAML config (``None`` = the quickstart) for ``role``."""
     p = Path(path) if path else Path(str(files("switchps.configs") / "quickstart.yaml"))
-    return parse_config(read_yaml(p), overrides, role)
+    return parse_config(read_yaml(p), overrides, role, checks)

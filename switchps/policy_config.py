@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from switchps.checks import policy_problems
 from switchps.problems import Problems
-from switchps.schema import MAX_STEPS, Section
-
+from switchps.schema import MAX_STEPS, Section, checks_of
 
 
 class SwitchSpec(Section):
@@ -47,8 +45,9 @@ class PolicySpec(Section):
     on_switch: SwitchSpec = Field(default_factory=SwitchSpec)
 
     @model_validator(mode="after")
-    def _builds(self) -> "PolicySpec":
+    def _builds(self, info: ValidationInfo) -> "PolicySpec":
         """Policies run in the PS, so every process can build one: a bad name or kwargs fails here."""
-        if self.name is not None and (problems := policy_problems(self.name, self.kwargs)):
+        checks = checks_of(info)
+        if checks and self.name is not None and (problems := checks.policy(self.name, self.kwargs)):
             raise Problems(problems)
         return self

@@ -1,6 +1,19 @@
-"""What every config section shares: the strict base class and the bounds on numbers."""
+"""What every config section shares: the strict base class, the bounds on numbers, and the hook through
+which the code that builds a run checks what the schema alone cannot see.
 
-from pydantic import BaseModel, ConfigDict
+The schema imports no role. Whether an optimizer's parameters, a schedule, a model, a dataset's files
+or a policy would work is known only to the code that builds them; a command passes that knowledge in
+as ``Checks`` (``switchps.checks.PREFLIGHT``) in the validation context, and each section asks it
+while pydantic validates, so its problems join the one report of the whole file in the schema's order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo
+
+from switchps.problems import Problem
 
 
 class Section(BaseModel):
@@ -19,3 +32,31 @@ MAX_SEED = 2**32 - 1
 """NumPy's legacy seeding (used by keras.utils.set_random_seed) takes [0, 2**32 - 1]."""
 MAX_THREADS = 256
 """TensorFlow op threads per process."""
+
+Role = Literal["run", "ps", "worker", "evaluator"]
+"""The command validating: ``run`` checks everything before the launcher starts a process."""
+
+
+class Checks(Protocol):
+    """What only the code that builds a run can tell about a config: each returns ``(sub-path, message)``
+    problems, the sub-path below the field being validated."""
+
+    def optimizer(self, name: str, params: dict[str, float]) -> list[Problem]: ...
+
+    def schedule(self, kind: str, params: dict[str, Any]) -> list[Problem]: ...
+
+    def model(self, name: str, kwargs: dict[str, Any], role: Role | None) -> list[Problem]: ...
+
+    def data(self, name: str, path: str | None, role: Role | None) -> list[Problem]: ...
+
+    def policy(self, name: str, kwargs: dict[str, Any]) -> list[Problem]: ...
+
+
+def role_of(info: ValidationInfo) -> Role | None:
+    """The command a config is being validated for, if it said."""
+    return (info.context or {}).get("role")
+
+
+def checks_of(info: ValidationInfo) -> Checks | None:
+    """The checks a command passed in, if any (none: the schema alone)."""
+    return (info.context or {}).get("checks")

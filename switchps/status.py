@@ -18,6 +18,7 @@ import grpc
 from rich.table import Table
 
 from switchps.channels import ClientSecurity, client_security
+from switchps.checks import PREFLIGHT
 from switchps.config import load_config
 from switchps.errors import RunDirError
 
@@ -31,7 +32,7 @@ def status_table(target: str, config: str | None = None) -> Table:
     if run_dir is not None and not (run_dir / "config.yaml").is_file():
         raise RunDirError(f"{target} is not a run directory (no config.yaml)")
     path = run_dir / "config.yaml" if run_dir else config
-    cfg = load_config(path) if path else None
+    cfg = load_config(path, checks=PREFLIGHT) if path else None
     address = cfg.cluster.ps if run_dir and cfg else target
     security = client_security(cfg, "status") if cfg else ClientSecurity()
     t = Table(title=f"switchps status: {target}", show_header=False)

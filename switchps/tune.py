@@ -15,6 +15,7 @@ from typing import Callable
 import yaml
 from rich.table import Table
 
+from switchps.checks import PREFLIGHT
 from switchps.config import RunConfig, parse_config
 from switchps.jsonfile import write_json
 from switchps.launcher import launch
@@ -59,7 +60,7 @@ def hybrid_config(cfg: RunConfig, fraction: float, name: str) -> RunConfig:
     raw["policy"] = {**raw["policy"], "name": None, "kwargs": {}}
     if fraction < 1.0:
         raw["policy"].update(name="schedule", kwargs={"phases": [{"bsp": fraction}, {"asp": 1 - fraction}]})
-    return parse_config(raw)
+    return parse_config(raw, checks=PREFLIGHT)
 
 
 def schedule_snippet(fraction: float) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 
 from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import Policy
-from switchps.ps_server.core import Core
+from switchps.ps_server.core.machine import Core
 from switchps.ps_server.events import (
     Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport,
 )

@@ -10,7 +10,7 @@ import pytest
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.worker.steps import Sampler, StepRunner
-from switchps.ps_server.records import StepDelays
+from switchps.straggler_trace import StepDelays
 
 
 @dataclass
@@ -97,7 +97,7 @@ def test_slowdown_factor_stretches_compute_and_comm_delay_comes_last():
 
 def test_trace_recorded_by_the_ps_replays_bit_exactly(tmp_path):
     from switchps.ps_server.records import RunRecorder
-    from switchps.ps_server.records import load_trace
+    from switchps.straggler_trace import load_trace
     from switchps.straggler_config import StragglerSpec
     from switchps.worker.stragglers import StragglerInjector
 

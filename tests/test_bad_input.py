@@ -11,6 +11,8 @@ import pytest
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 SIZE = 16
 
 

@@ -8,6 +8,8 @@ import pytest
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import INLINE_BYTES, FrameError, decode_header, encode_array, receive_into
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 CHUNK = 4096  # bytes
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from switchps.cli import main
+from switchps.checks import PREFLIGHT
 from switchps.config import ConfigError, load_config, parse_config
 
 EXAMPLES = sorted(Path(str(files("switchps.configs"))).glob("*.yaml"))
@@ -73,10 +74,10 @@ def test_default_config_is_the_quickstart():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_configs_validate_and_round_trip(path):
-    cfg = load_config(path)
+    cfg = load_config(path, checks=PREFLIGHT)
     import yaml
 
-    assert parse_config(yaml.safe_load(cfg.dump())) == cfg
+    assert parse_config(yaml.safe_load(cfg.dump()), checks=PREFLIGHT) == cfg
 
 
 def test_examples_cover_every_protocol():

@@ -13,6 +13,7 @@ import pytest
 
 import switchps.launcher
 from switchps.cli import main
+from switchps.checks import PREFLIGHT
 from switchps.config import ConfigError, load_config
 
 SWITCHPS = str(Path(sys.executable).parent / "switchps")  # the console script pip installed
@@ -247,22 +248,23 @@ def test_ps_finds_a_user_model_without_running_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delitem(sys.modules, "pkg_boom", raising=False)
-    assert load_config("cfg.yaml", role="ps").model.name == "pkg_boom.models:build"
+    assert load_config("cfg.yaml", role="ps", checks=PREFLIGHT).model.name == "pkg_boom.models:build"
     assert "pkg_boom" not in sys.modules
     with pytest.raises(ConfigError, match="raised RuntimeError: package ran in the PS"):
-        load_config("cfg.yaml", role="run")
+        load_config("cfg.yaml", role="run", checks=PREFLIGHT)
     (tmp_path / "cfg.yaml").write_text("model: {name: 'pkg_boom.nothing:build'}\nsecurity: {insecure: true}\n")
     with pytest.raises(ConfigError, match="model.name: .*No module named 'pkg_boom.nothing'"):
-        load_config("cfg.yaml", role="ps")
+        load_config("cfg.yaml", role="ps", checks=PREFLIGHT)
 
 
 def test_zoo_checks_import_no_tensorflow(tmp_path):
     code = textwrap.dedent("""
         import sys
+        from switchps.checks import PREFLIGHT
         from switchps.config import ConfigError, parse_config
-        parse_config({"model": {"name": "cnn", "kwargs": {"filters": [4], "dense": 8}}}, role="run")
+        parse_config({"model": {"name": "cnn", "kwargs": {"filters": [4], "dense": 8}}}, role="run", checks=PREFLIGHT)
         try:
-            parse_config({"model": {"name": "cnn", "kwargs": {"filter": [4]}}}, role="run")
+            parse_config({"model": {"name": "cnn", "kwargs": {"filter": [4]}}}, role="run", checks=PREFLIGHT)
         except ConfigError as e:
             print(e)
         print(sorted(m for m in ("keras", "tensorflow") if m in sys.modules))

@@ -7,7 +7,8 @@ import pytest
 
 from harness import Harness
 from switchps.policies.base import Decision
-from switchps.ps_server.events import Rejected, StepReport
+from switchps.ps_server.events import StepReport
+from switchps.refusals import Rejected
 
 # ---- BSP, backup workers, deadlines -----------------------------------------------------------
 

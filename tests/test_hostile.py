@@ -20,6 +20,8 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode
 from switchps.protos.layout import make_layout
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 SIZE = 16
 PUSH = "/switchps.ParameterServer/Push"
 

@@ -15,7 +15,7 @@ import pytest
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode, receive_limit
-from switchps.ps_server.events import Rejected
+from switchps.refusals import Rejected
 from switchps.ps_server.model import BufferPool
 
 SIZE = 16

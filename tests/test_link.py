@@ -6,6 +6,8 @@ import numpy as np
 
 from switchps.ps_server.link import DuplexLink, Link
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 G = np.float32
 
 

@@ -9,6 +9,8 @@ import grpc
 import numpy as np
 import pytest
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 GARBAGE = b"\xff\xff\xff\xff\x0f"  # an invalid protobuf tag; as a frame, a header length past its end
 REPEATS = 30
 RPCS = [  # method, its shape, the name rejections are counted under

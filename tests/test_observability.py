@@ -13,6 +13,8 @@ from tensorboardX.proto.event_pb2 import Event
 
 from switchps.ps_server.tensorboard import PROTOCOL_INDEX
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 G = np.float32
 
 

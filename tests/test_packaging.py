@@ -81,7 +81,8 @@ def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
     for path in (ROOT / "ps_server").glob("*.py"):
         assert not [m for m in _own_imports(path) if m.startswith("switchps.worker")], path.name
     probe = ("import sys, switchps.ps_server.main; from switchps.config import load_config; "
-             "load_config(None, ['security.insecure=true'], role='ps'); print('tensorflow' in sys.modules or 'keras' in sys.modules)")
+             "from switchps.checks import PREFLIGHT; load_config(None, ['security.insecure=true'], role='ps', "
+             "checks=PREFLIGHT); print('tensorflow' in sys.modules or 'keras' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 

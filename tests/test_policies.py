@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from switchps.checks import PREFLIGHT
 from switchps.config import ConfigError, parse_config
 from switchps.policies.base import ClusterView
 from switchps.policies.registry import make_policy
@@ -94,7 +95,7 @@ def test_user_policy_by_import_path(user_module):
     assert policy.decide(snap("bsp")) is None
     low = ClusterView(**{**snap("bsp").__dict__, "train_loss": 0.3})
     assert policy.decide(low).protocol == "asp"
-    cfg = parse_config({"policy": {"name": f"{user_module}:AspAfterLoss", "kwargs": {"below": 0.2}}})
+    cfg = parse_config({"policy": {"name": f"{user_module}:AspAfterLoss", "kwargs": {"below": 0.2}}}, checks=PREFLIGHT)
     assert cfg.policy.kwargs == {"below": 0.2}
 
 
@@ -105,5 +106,5 @@ def test_bad_policies_are_config_errors(user_module):
                             ({"name": "schedule", "kwargs": {"phases": []}}, "one-key"),
                             ({"name": f"{user_module}:AspAfterLoss", "kwargs": {"above": 1}}, "unexpected keyword")):
         with pytest.raises(ConfigError, match=re.escape(message)) as err:
-            parse_config({"policy": policy})
+            parse_config({"policy": policy}, checks=PREFLIGHT)
         assert str(err.value).startswith("policy")

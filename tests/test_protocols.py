@@ -12,6 +12,8 @@ import numpy as np
 
 from conftest import wait_until
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 G = np.float32
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import LiveCluster, start_cluster
+from cluster import LiveCluster, start_cluster
 from switchps.config import parse_config
 from switchps.errors import RunDirError
 from switchps.ps_server import checkpoint
@@ -19,6 +19,8 @@ from switchps.ps_server.main import prepare_run_dir
 
 from test_launch import CONFIGS, SWITCHPS, check_run_dir, rows
 from test_outputs import score_in_plain_python
+
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 
 SIZE = 8
 EVERY_2 = {"every_updates": 2, "every_s": None}

@@ -17,6 +17,8 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.security_config import TLSSpec
 from switchps.worker.client import PSClient
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 SECRET = b"a" * 64
 SIZE = 8
 
@@ -207,7 +209,7 @@ def test_tokens_name_one_identity():
 
 
 def test_security_config_problems_name_their_fields_for_each_role(tmp_path, monkeypatch):
-    from switchps.checks import Role
+    from switchps.schema import Role
     from switchps.config import ConfigError, parse_config
 
     def problems(security: dict, role: Role) -> list[str]:

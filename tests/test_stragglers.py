@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from switchps.ps_server.records import TRACE_COLUMNS, StepDelays, load_trace
+from switchps.straggler_trace import TRACE_COLUMNS, StepDelays, load_trace
 from switchps.straggler_config import (
     CommDelaySpec, MixtureSpec, SlowdownSpec, StragglerSpec, TransientSpec, expected_mixture_mean,
 )

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from switchps.config import ConfigError
-from switchps.ps_server.records import load_trace
+from switchps.straggler_trace import load_trace
 from switchps.studies import runner
 from switchps.studies.metrics import run_metrics
 from switchps.studies.runner import PACKAGED, finished_runs, packaged, run_study

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-DATASETS: tuple[str, ...] = ("digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "npz")
+from switchps.names import DATASETS
 
 _FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                   "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.records import StepDelays
+from switchps.straggler_trace import StepDelays
 
 
 class Clock(Protocol):

@@ -10,7 +10,7 @@ Everything here is pure and seeded; the worker loop does the sleeping. Four kind
 * ``comm_delay``: a delay before each push (tc-netem style network latency).
 
 A run can instead replay an earlier run's ``stragglers.csv`` exactly (``trace``); the specs are in
-``switchps.straggler_config``, the trace format in the run record (``ps_server.records``).
+``switchps.straggler_config``, the trace format in ``switchps.straggler_trace``.
 
 Randomness: every kind has its own stream, and a step's draw comes from a generator seeded with
 ``(seed, worker, stream, step)``, so delays are a pure function of those and enabling one kind
@@ -23,7 +23,7 @@ import bisect
 
 import numpy as np
 
-from switchps.ps_server.records import StepDelays, load_trace
+from switchps.straggler_trace import StepDelays, load_trace
 from switchps.straggler_config import StragglerSpec, TransientSpec
 
 # Stream ids are nonzero: SeedSequence pads short keys with zeros, so the global key

@@ -1,7 +1,7 @@
 """The protocol core: events in, actions out, no I/O, no threads, no clock, no arrays.
 
 Its parts, one module each, own their state and save it themselves (``state_dict``/``load_state_dict``):
-- ``machine``: ``Core``, the event loop of the core: the version, the sample count, running the effects
+- ``machine``: ``Core`` (import it from there), the event loop of the core: the version, the sample count, running the effects
   of the protocol in force; its checkpoint is its parts' states together;
 - ``lifecycle``: membership, the start and the end of training;
 - ``switching``: the protocol in force, a switch waiting for its round, the learning-rate scale and
@@ -10,7 +10,3 @@ Its parts, one module each, own their state and save it themselves (``state_dict
 - ``orders``: what each worker's work orders allow its next push to claim;
 - ``receipts``: which pushes arrived, so a resent one is never applied twice.
 """
-
-from switchps.ps_server.core.machine import Core
-
-__all__ = ["Core"]

@@ -28,8 +28,9 @@ from switchps.ps_server.core.receipts import Receipts
 from switchps.ps_server.core.switching import Switching
 from switchps.ps_server.events import (
     Action, Apply, Batches, Count, Effect, Free, Join, Membership, Outcome, Push, Record, Release, StepReport,
-    Update, WorkOrder, invalid, precondition,
+    Update, WorkOrder,
 )
+from switchps.refusals import invalid, precondition
 
 MAX_PARTITION_SIZE = 2**40
 """The most samples a worker may say its data partition holds."""

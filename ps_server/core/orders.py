@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from switchps.ps_server.events import StepReport, absolute, invalid, relative
+from switchps.ps_server.events import StepReport, absolute, relative
+from switchps.refusals import invalid
 
 RATE = 1.05
 """Another host's clock may run this much faster than the PS's."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from switchps.ps_server.events import Push, invalid
+from switchps.ps_server.events import Push
+from switchps.refusals import invalid
 
 
 class Receipts:

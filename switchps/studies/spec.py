@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
+from switchps.checks import PREFLIGHT
 from switchps.config import ConfigError, RunConfig, Section, parse_config
 from switchps.problems import describe
 from switchps.yamlfile import apply_override, read_yaml
@@ -97,7 +98,7 @@ class StudySpec(Section):
         overrides = [f"{key}={json.dumps(value)}" for key, value in self.arms[arm].items()]
         if trace is not None:
             overrides.append("stragglers=" + json.dumps({"trace": str(trace)}))
-        return parse_config(raw, overrides)
+        return parse_config(raw, overrides, checks=PREFLIGHT)
 
 
 def load_study(path: Path, overrides: Sequence[str] = ()) -> StudySpec:

@@ -1,10 +1,14 @@
-"""`switchps export`: a Keras model from any checkpoint of a run, loadable without switchps."""
+"""`switchps export`: a Keras model from any checkpoint of a run, loadable without switchps.
+
+A command, not worker code: it joins the PS's checkpoint file (``ps_server.checkpoint``) and the
+worker's model (``worker.setup``), so it sits above both."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+from switchps.checks import PREFLIGHT
 from switchps.config import load_config
 from switchps.errors import RunDirError
 from switchps.protos import switchps_pb2 as pb
@@ -24,7 +28,7 @@ def export(run_dir: Path, version: int | None = None, out: Path | None = None) -
         which = "" if version is None else f" of version {version}"
         kept = ", ".join(str(int(p.stem[1:])) for p in checkpoint.files(run_dir / "checkpoints")) or "none"
         raise RunDirError(f"{run_dir}: no readable checkpoint{which} (versions kept: {kept})")
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir / "config.yaml", checks=PREFLIGHT)
     _, model = prepare(cfg)
     weights = FlatWeights(model)
     saved = pb.Layout.FromString(ckpt.state["layout"].tobytes())
