@@ -27,8 +27,8 @@ from pathlib import Path
 
 import psutil
 
+from switchps.address import free_port
 from switchps.jsonfile import dumps
-from switchps.launcher import free_port
 from switchps.ps_server import checkpoint
 from switchps.worker.client import PSClient
 

@@ -175,7 +175,7 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
     from pathlib import Path
 
     from switchps.certs import write_dir
-    from switchps.launcher import free_port
+    from switchps.address import free_port
 
     nbytes = int(mb * 2**20) // 4 * 4
     secret, tls_dir = auth.new_secret(), tempfile.mkdtemp(prefix="switchps-bench-tls-")

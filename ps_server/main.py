@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from prometheus_client import start_http_server
 
+from switchps.address import publish, published, reachable, split
 from switchps.channels import server_security
 from switchps.config import RunConfig
 from switchps import resources
@@ -100,10 +101,9 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     ckpt = prepare_run_dir(cfg, run_dir, resume)
     ps = build_ps(cfg, run_dir, ckpt)
     sampler = ResourceSampler("ps", run_dir / "resources.csv")
-    server = Server(ps, cfg.cluster.bind or cfg.cluster.ps, server_security(cfg.security))
+    server = serve(ps, cfg, run_dir, resume)
     if cfg.runtime.metrics_port is not None:
         start_http_server(cfg.runtime.metrics_port)
-    log.info("PS serving on port %d, run directory %s", server.port, run_dir)
     try:
         ps.finished.wait()
         ps.final_evaluated.wait(cfg.eval.final_timeout_s)
@@ -117,6 +117,35 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
         ps.checkpointer.close(120)
     sampler.stop()
     return ps.rec.close({**_summary(cfg, ps), "resources": resources.summary(run_dir / "resources.csv")})
+
+
+def serve(ps: ParameterServer, cfg: RunConfig, run_dir: Path, resume: bool) -> Server:
+    """Bind, then publish the address clients reach to ``RUN_DIR/ps.address`` (``switchps.address``) and
+    as the event ``ps_serving``.
+
+    With port 0 the OS picks the port. A resumed PS first tries the port its predecessor published:
+    workers and the evaluator riding out the restart reconnect to the address they had
+    (``switchps.worker.client.Reconnect`` never looks it up again), so only a PS back on the same port is
+    found by them. If that port is taken, the PS binds a new one and publishes it; processes started
+    afterwards find it there, those already running give up after ``cluster.reconnect_s``.
+    """
+    bind = cfg.cluster.bind or cfg.cluster.ps
+    host, port = split(bind)
+    previous = published(run_dir) if resume and port == 0 and split(cfg.cluster.ps)[1] == 0 else None
+    security = server_security(cfg.security)
+    server = None
+    if previous is not None:
+        try:
+            server = Server(ps, f"{host}:{split(previous)[1]}", security)
+        except OSError as e:
+            log.warning("%s, which the PS had before its restart; binding another port", e)
+    if server is None:
+        server = Server(ps, bind, security)
+    address = reachable(cfg.cluster.ps, server.port)
+    ps.rec.event("ps_serving", address=address)
+    publish(run_dir, address)
+    log.info("PS serving at %s (port %d), run directory %s", address, server.port, run_dir)
+    return server
 
 
 def _note_resume(ps: ParameterServer, ckpt: Checkpoint) -> None:

@@ -32,7 +32,11 @@ class Server:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="switchps-grpc", daemon=True)
         self._thread.start()
-        self.port = self._call(self._start(address))
+        try:
+            self.port = self._call(self._start(address))
+        except BaseException:
+            self._close_loop()
+            raise
 
     def _call(self, coro: Coroutine[object, object, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -43,13 +47,18 @@ class Server:
         if self.security.secret is not None:
             self.ps.guard = Guard(self.security.secret, self.ps.count_rejection)
             interceptors.append(self.ps.guard)
-        options = grpc_options(max_receive_bytes=receive_limit(self.ps.store.chunk_bytes))
+        # no SO_REUSEPORT (gRPC's default on Linux): with it a second server binds a port in use and the
+        # two split its connections; without it a port in use is an error, and a PS can fall back to another
+        options = [*grpc_options(max_receive_bytes=receive_limit(self.ps.store.chunk_bytes)), ("grpc.so_reuseport", 0)]
         self._server = grpc.aio.server(options=options, interceptors=interceptors)
         self._server.add_generic_rpc_handlers([self.ps.handler()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         creds = self.security.credentials()
-        port = self._server.add_secure_port(address, creds) if creds else self._server.add_insecure_port(address)
+        try:
+            port = self._server.add_secure_port(address, creds) if creds else self._server.add_insecure_port(address)
+        except RuntimeError:  # grpc: "Failed to bind to address"
+            port = 0
         if port == 0:
             raise OSError(f"cannot bind the PS to {address}")
         await self._server.start()
@@ -61,6 +70,9 @@ class Server:
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop."""
         self._call(self._stop(grace))
+        self._close_loop()
+
+    def _close_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)
 

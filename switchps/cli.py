@@ -16,12 +16,14 @@ from types import FrameType
 import grpc
 
 from switchps import EXIT_CONFIG, EXIT_INTERRUPTED, __version__
+from switchps.address import split
 from switchps.checks import PREFLIGHT
 from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
 from switchps.errors import PSUnreachable, RunDirError
 from switchps.resume_rules import refuse_incompatible
 
+PS_HELP = "the PS's address (overrides cluster.ps and TF_CONFIG); `switchps run` passes what the PS published"
 
 
 def _watch_parent() -> None:
@@ -114,6 +116,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, role="worker", checks=PREFLIGHT)
     index = _tf_config(cfg, "worker", args.index)
+    cfg.cluster.ps = args.ps or cfg.cluster.ps
     if index is None:
         raise ConfigError("worker: give --index or a TF_CONFIG with task.index")
     if not 0 <= index < cfg.cluster.num_workers:
@@ -129,6 +132,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_evaluator(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, role="evaluator", checks=PREFLIGHT)
     _tf_config(cfg, "evaluator", None)
+    cfg.cluster.ps = args.ps or cfg.cluster.ps
     from switchps.worker.evaluator import run_evaluator
 
     _sample_resources("evaluator", args.run_dir)
@@ -152,6 +156,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     version = None if args.checkpoint == "latest" else int(args.checkpoint)
     print(export(Path(args.run_dir), version, Path(args.out) if args.out else None))
     return 0
+
+
+def ps_arg(address: str) -> str:
+    """``--ps HOST:PORT``: where the PS serves, e.g. as it published in ``RUN_DIR/ps.address``."""
+    try:
+        _, port = split(address)
+    except ValueError:
+        port = 0
+    if not port:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port from 1 to 65535, got {address!r}")
+    return address
 
 
 def run_dir_arg(path: str) -> Path:
@@ -253,9 +268,11 @@ def parser() -> argparse.ArgumentParser:
     w = with_config("worker", "run one worker role")
     w.add_argument("--index", type=int, help="worker index (or from TF_CONFIG task.index)")
     w.add_argument("--run-dir", help="a run directory on this host: sample resources into its resources.csv")
+    w.add_argument("--ps", type=ps_arg, metavar="HOST:PORT", help=PS_HELP)
     w.set_defaults(func=cmd_worker)
     e = with_config("evaluator", "run the evaluator role")
     e.add_argument("--run-dir", help="where to write the final model.keras (default: output.dir)")
+    e.add_argument("--ps", type=ps_arg, metavar="HOST:PORT", help=PS_HELP)
     e.set_defaults(func=cmd_evaluator)
     x = sub.add_parser("export", help="write a Keras model from a run's checkpoint")
     x.add_argument("run_dir")

@@ -40,7 +40,8 @@ __all__ = ["ConfigError", "PolicySpec", "RunConfig", "SwitchSpec", "load_config"
 
 class Cluster(Section):
     ps: str = "127.0.0.1:0"
-    """host:port clients reach the PS at; port 0 lets `switchps run` pick a free one."""
+    """host:port clients reach the PS at; port 0: the PS binds a port the OS picks and publishes the
+    address in RUN_DIR/ps.address (`switchps run` passes it to the workers and the evaluator)."""
     bind: str | None = None
     """host:port the PS listens on (default: `ps` itself, loopback unless `ps` names another host)."""
     workers: int | list[str] = 4

@@ -1,9 +1,11 @@
-"""`switchps run`: one PS, one evaluator and N workers as local processes.
+"""`switchps run`: one PS, one evaluator and N workers, started through a backend.
 
-Children are started with ``subprocess`` (never fork after TF import), each
-logging to ``RUN_DIR/logs/<role>.log``. The launcher shows progress from the
-PS's Status RPC, and if any process fails (or on Ctrl-C) it stops all of them
-and says which one failed and why.
+The launcher decides what runs and supervises it; a backend (``switchps.backends``; ``LocalBackend``:
+local processes started with ``subprocess``, never a fork after TF import) starts each role, which logs
+to ``RUN_DIR/logs/<role>.log``. The PS starts first, binds its port and publishes its address in
+``RUN_DIR/ps.address`` (``switchps.address``); once that address answers health checks, the evaluator
+and the workers start with ``--ps`` naming it. The launcher shows progress from the PS's Status RPC,
+and if any role fails (or on Ctrl-C) it stops all of them and says which one failed and why.
 
 Ctrl-C contract: within 10 s of a SIGINT, whatever `launch` was doing
 (waiting for the PS, spawning, following, stopping), every child has been
@@ -15,7 +17,8 @@ between a lock's acquire and its release (``Popen.poll``'s waitpid lock, a
 gRPC channel's condition) leaves the lock held, and the next ``wait()`` or
 ``close()`` blocks forever. The handler only sets a flag, which the launcher
 checks between RPCs, sleeps and spawns (at most ~2.5 s apart); every wait in
-``stop_all`` is bounded. A terminal's Ctrl-C also reaches the children (same
+``stop_all`` is bounded, as no backend ``Handle`` method blocks (the
+backends' contract). A terminal's Ctrl-C also reaches the children (same
 process group): they start with SIGINT blocked and unblock it once their own
 handler is in place, which logs one line and exits 130 (``switchps.cli``).
 Before `launch` runs there is no child, and KeyboardInterrupt reaches
@@ -25,13 +28,9 @@ Before `launch` runs there is no child, and KeyboardInterrupt reaches
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from switchps.address import ADDRESS_FILE, Stamp, published_since, stamp
 from switchps.auth import new_secret, write_private
+from switchps.backends import Backend, Handle, LocalBackend, RoleSpec, tail
 from switchps.channels import ClientSecurity, client_security
 from switchps.config import RunConfig
 from switchps.worker.client import PSClient, wait_for_ps
@@ -87,139 +88,96 @@ def sigint_as_flag() -> Iterator[CtrlC]:
     ctrl_c.check()  # a Ctrl-C during the last steps still counts
 
 
-@contextmanager
-def sigint_blocked() -> Iterator[None]:
-    """Block SIGINT in this thread; a child forked meanwhile inherits the mask through exec."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+def stop_all(handles: list[Handle], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM every running role, SIGKILL those alive after ``timeout_s``; returns within ``timeout_s + REAP_S``
+    (no ``Handle`` method blocks, and ``wait`` is given what is left of the bound)."""
+    for h in handles:
+        h.stop()
+    _wait_all(handles, timeout_s)
+    for h in handles:
+        h.kill()
+    _wait_all(handles, REAP_S)
 
 
-@dataclass
-class Child:
-    role: str
-    proc: subprocess.Popen
-    log: Path
-
-    def tail(self, lines: int = 8) -> str:
-        text = self.log.read_text(errors="replace").strip().splitlines() if self.log.exists() else []
-        return "\n".join(text[-lines:])
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["SWITCHPS_PARENT_PID"] = str(os.getpid())
-    return env
-
-
-def spawn(role: str, args: list[str], run_dir: Path) -> Child:
-    """Start a role with SIGINT blocked: a Ctrl-C during its imports waits for its handler (see cli).
-    Its log is appended to: a restarted process continues its predecessor's log."""
-    log = run_dir / "logs" / f"{role}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as f, sigint_blocked():
-        proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *args], stdout=f, stderr=subprocess.STDOUT,
-                                env=child_env(), stdin=subprocess.DEVNULL)
-    return Child(role, proc, log)
-
-
-def stop_all(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM every running child, SIGKILL those alive after ``timeout_s``; returns within ``timeout_s + REAP_S``."""
-    _signal_all(children, signal.SIGTERM)
-    _wait_all(children, timeout_s)
-    _signal_all(children, signal.SIGKILL)
-    _wait_all(children, REAP_S)
-
-
-def _signal_all(children: list[Child], sig: signal.Signals) -> None:
-    for c in children:
-        if c.proc.poll() is None:
-            c.proc.send_signal(sig)
-
-
-def _wait_all(children: list[Child], timeout_s: float) -> None:
+def _wait_all(handles: list[Handle], timeout_s: float) -> None:
     end = time.monotonic() + timeout_s
-    for c in children:
-        with suppress(subprocess.TimeoutExpired):
-            c.proc.wait(max(0.0, end - time.monotonic()))
+    for h in handles:
+        h.wait(max(0.0, end - time.monotonic()))
 
 
-def check(children: list[Child]) -> None:
-    for c in children:
-        code = c.proc.poll()
+def check(handles: list[Handle]) -> None:
+    for h in handles:
+        code = h.returncode
         if code not in (None, 0):
-            raise LaunchError(f"{c.role} exited with code {code}; last lines of {c.log}:\n{c.tail()}")
+            raise LaunchError(f"{h.role} exited with code {code}; last lines of {h.log}:\n{tail(h.log)}")
 
 
 @dataclass
 class Restarts:
-    """Restarts a child killed by a signal (kill -9, the OOM killer), up to ``limit`` times per role. One
+    """Restarts a role killed by a signal (kill -9, the OOM killer), up to ``limit`` times per role. One
     that exited with an error is not restarted: it would fail again. A PS comes back from its latest
-    checkpoint (its arguments say ``--resume``); workers and the evaluator reconnect."""
+    checkpoint (its arguments say ``--resume``) and, if it can, on the port it had (``switchps.address``);
+    workers and the evaluator reconnect."""
 
     limit: int
-    args: dict[str, list[str]]
-    run_dir: Path
+    roles: dict[str, RoleSpec]
+    backend: Backend
     used: Counter[str] = field(default_factory=Counter)
 
-    def revive(self, children: list[Child]) -> None:
-        for i, c in enumerate(children):
-            code = c.proc.poll()
-            if code is None or code >= 0 or code == -signal.SIGINT or self.used[c.role] >= self.limit:
+    def revive(self, handles: list[Handle]) -> None:
+        for i, h in enumerate(handles):
+            code = h.returncode
+            if code is None or code >= 0 or code == -signal.SIGINT or self.used[h.role] >= self.limit:
                 continue
-            self.used[c.role] += 1
-            console.print(f"switchps: {c.role} exited with code {code}; restarting it "
-                          f"({self.used[c.role]} of {self.limit})")
-            children[i] = spawn(c.role, self.args[c.role], self.run_dir)
+            self.used[h.role] += 1
+            console.print(f"switchps: {h.role} exited with code {code}; restarting it "
+                          f"({self.used[h.role]} of {self.limit})")
+            handles[i] = self.backend.start(self.roles[h.role])
 
 
-def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None) -> tuple[Path, dict]:
-    """Run the whole job locally; returns the run directory and its summary (Ctrl-C: see the module doc).
-    ``resume``: continue that run directory from its latest checkpoint."""
+def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
+           backend: Backend | None = None) -> tuple[Path, dict]:
+    """Run the whole job, each role started by ``backend`` (default: local processes); returns the run
+    directory and its summary (Ctrl-C: see the module doc). ``resume``: continue that run directory from
+    its latest checkpoint."""
     if not isinstance(cfg.cluster.workers, int):
         raise LaunchError("cluster.workers lists addresses: start each role with `switchps ps|worker` instead")
+    backend = backend or LocalBackend()
     run_dir = resume or _new_run_dir(cfg)
-    cfg_arg = str(run_dir / "config.yaml")
-    roles = {"ps": ["ps", cfg_arg, "--resume", str(run_dir)],  # a new run directory starts afresh
-             "evaluator": ["evaluator", cfg_arg, "--run-dir", str(run_dir)]}
-    roles |= {f"worker-{i}": ["worker", cfg_arg, "--index", str(i), "--run-dir", str(run_dir)]
-              for i in range(cfg.cluster.num_workers)}
-    restarts = Restarts(cfg.cluster.max_restarts, roles, run_dir)
-    children: list[Child] = []
+    # --resume: a PS resumes from the latest checkpoint if there is one; a new run directory starts afresh
+    ps = RoleSpec("ps", ["ps", str(run_dir / "config.yaml"), "--resume", str(run_dir)], run_dir)
+    handles: list[Handle] = []
     with sigint_as_flag() as ctrl_c:
         try:
-            children.append(spawn("ps", roles["ps"], run_dir))
-            _wait_for_ps(cfg.cluster.ps, children[0], ctrl_c, client_security(cfg, "status"))
-            for role, args in list(roles.items())[1:]:
+            before = stamp(run_dir)  # a resumed run directory holds its previous PS's address
+            handles.append(backend.start(ps))
+            address = _wait_for_ps(run_dir, before, handles[0], ctrl_c, client_security(cfg, "status"))
+            roles = {r.role: r for r in [ps, *_client_roles(cfg, run_dir, address)]}
+            for role in list(roles.values())[1:]:
                 ctrl_c.check()
-                children.append(spawn(role, args, run_dir))
-            _follow(cfg, children, quiet, ctrl_c, restarts)
-            stop_all(children[1:], STOP_TIMEOUT_S)
+                handles.append(backend.start(role))
+            _follow(cfg, address, handles, quiet, ctrl_c, Restarts(cfg.cluster.max_restarts, roles, backend))
+            stop_all(handles[1:], STOP_TIMEOUT_S)
         except BaseException:
-            stop_all(children, KILL_AFTER_S)
+            stop_all(handles, KILL_AFTER_S)
             ctrl_c.check()  # a child that died of the same (group-wide) Ctrl-C is not a failure
             raise
     summary = json.loads((run_dir / "summary.json").read_text())
     return run_dir, summary
 
 
+def _client_roles(cfg: RunConfig, run_dir: Path, address: str) -> list[RoleSpec]:
+    """The evaluator and the workers, told where the PS serves. A PS restarted on another port is not
+    found by them: they keep the address they were given (``switchps.worker.client.Reconnect``)."""
+    common = [str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--ps", address]
+    return [RoleSpec("evaluator", ["evaluator", *common], run_dir),
+            *(RoleSpec(f"worker-{i}", ["worker", *common, "--index", str(i)], run_dir)
+              for i in range(cfg.cluster.num_workers))]
+
+
 def _new_run_dir(cfg: RunConfig) -> Path:
-    """A fresh run directory holding the config, with a free port chosen if the config says 0, and a
-    fresh run secret if the config names none (and is not explicitly insecure)."""
-    host, _, port = cfg.cluster.ps.rpartition(":")
-    if port == "0":
-        cfg.cluster.ps = f"{host}:{free_port(host)}"
+    """A fresh run directory holding the config (its PS port as given: 0 lets the PS bind one the OS
+    picks), and a fresh run secret if the config names none (and is not explicitly insecure)."""
     run_dir = Path(cfg.output.dir) / cfg.run_dir_name()
     run_dir.mkdir(parents=True)
     sec = cfg.security
@@ -229,32 +187,41 @@ def _new_run_dir(cfg: RunConfig) -> Path:
     return run_dir
 
 
-def _wait_for_ps(address: str, ps: Child, ctrl_c: CtrlC, security: ClientSecurity,
-                 timeout_s: float = 60.0) -> None:
+def _wait_for_ps(run_dir: Path, before: Stamp | None, ps: Handle, ctrl_c: CtrlC, security: ClientSecurity,
+                 timeout_s: float = 60.0) -> str:
+    """The address the PS published (a publication newer than ``before``), once it answers health
+    checks; polls at most ~1 s apart so that a Ctrl-C is seen."""
     end = time.monotonic() + timeout_s
     while True:
         ctrl_c.check()
         check([ps])
-        try:
-            wait_for_ps(address, timeout_s=1.0, security=security)
-            return
-        except TimeoutError:
-            if time.monotonic() > end:
-                raise LaunchError(f"the PS did not come up at {address}; last lines of {ps.log}:\n{ps.tail()}")
+        address = published_since(run_dir, before)
+        if address is None:
+            time.sleep(0.1)
+        else:
+            try:
+                wait_for_ps(address, timeout_s=1.0, security=security)
+                return address
+            except TimeoutError:
+                pass
+        if time.monotonic() > end:
+            where = f"at {address}" if address else f"(no address in {run_dir / ADDRESS_FILE})"
+            raise LaunchError(f"the PS did not come up {where}; last lines of {ps.log}:\n{tail(ps.log)}")
 
 
-def _follow(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC, restarts: Restarts) -> None:
-    """Show progress until the PS finishes, restarting children that die; raise if one fails for good
+def _follow(cfg: RunConfig, address: str, handles: list[Handle], quiet: bool, ctrl_c: CtrlC,
+            restarts: Restarts) -> None:
+    """Show progress until the PS finishes, restarting roles that die; raise if one fails for good
     or Ctrl-C is pressed first."""
-    client = PSClient(cfg.cluster.ps, timeout_s=2.0, security=client_security(cfg, "status"))
+    client = PSClient(address, timeout_s=2.0, security=client_security(cfg, "status"))
     try:
-        _progress(cfg, children, quiet, ctrl_c, client, restarts)
+        _progress(cfg, handles, quiet, ctrl_c, client, restarts)
     finally:
         client.close()
-    check(children)
+    check(handles)
 
 
-def _progress(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC, client: PSClient,
+def _progress(cfg: RunConfig, handles: list[Handle], quiet: bool, ctrl_c: CtrlC, client: PSClient,
               restarts: Restarts) -> None:
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TextColumn("v{task.fields[version]} {task.fields[protocol]} acc {task.fields[acc]}"),
@@ -264,9 +231,9 @@ def _progress(cfg: RunConfig, children: list[Child], quiet: bool, ctrl_c: CtrlC,
                             acc="—")
         while True:
             ctrl_c.check()
-            restarts.revive(children)
-            check(children)
-            if children[0].proc.poll() == 0:
+            restarts.revive(handles)
+            check(handles)
+            if handles[0].returncode == 0:
                 break
             try:
                 s = client.status()

@@ -1,8 +1,9 @@
 """`switchps status RUN_DIR|HOST:PORT`: where a run stands, live while it trains.
 
 From the PS (its Status RPC, with the status role's token): version, protocol, progress, active
-workers, the latest test accuracy. A run directory's config names the PS and its secret; for a bare
-address, ``config`` does.
+workers, the latest test accuracy. A run directory names the PS (the address it published in
+``ps.address``, else its config's ``cluster.ps``) and its config the secret; for a bare address,
+``config`` does.
 From the run directory, when given one: workers excluded by a policy, each worker's recent step
 times, the last evaluation, and the summary once the run has finished.
 """
@@ -17,6 +18,7 @@ import numpy as np
 import grpc
 from rich.table import Table
 
+from switchps.address import published
 from switchps.channels import ClientSecurity, client_security
 from switchps.checks import PREFLIGHT
 from switchps.config import load_config
@@ -33,7 +35,7 @@ def status_table(target: str, config: str | None = None) -> Table:
         raise RunDirError(f"{target} is not a run directory (no config.yaml)")
     path = run_dir / "config.yaml" if run_dir else config
     cfg = load_config(path, checks=PREFLIGHT) if path else None
-    address = cfg.cluster.ps if run_dir and cfg else target
+    address = (published(run_dir) or cfg.cluster.ps) if run_dir and cfg else target
     security = client_security(cfg, "status") if cfg else ClientSecurity()
     t = Table(title=f"switchps status: {target}", show_header=False)
     t.add_column("field")

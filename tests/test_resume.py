@@ -166,6 +166,8 @@ def test_switchps_run_restarts_a_killed_ps_and_the_workers_ride_it_out(tmp_path,
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     (resumed,) = [e for e in events if e["event"] == "resumed"]
     assert 0 <= resumed["lost_updates"] <= 25 + 5, "at most the checkpoint interval (and the unflushed tail)"
+    serving = [e["address"] for e in events if e["event"] == "ps_serving"]
+    assert serving == 2 * [(run_dir / "ps.address").read_text().strip()], "the PS came back on its port"
     assert "ps exited with code -9; restarting it (1 of 3)" in err
     logs = [(run_dir / "logs" / f"worker-{i}.log").read_text() for i in range(3)]
     assert all("unreachable" in log and "is back" in log for log in logs)

@@ -15,7 +15,7 @@ import pytest
 
 from switchps import auth
 from switchps.channels import ClientSecurity
-from switchps.launcher import free_port
+from switchps.address import free_port
 from switchps.worker.client import PSClient, wait_for_ps
 
 pytestmark = pytest.mark.integration
