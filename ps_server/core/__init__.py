@@ -1,8 +1,8 @@
 """The protocol core: events in, actions out, no I/O, no threads, no clock, no arrays.
 
 Its parts, one module each, own their state and save it themselves (``state_dict``/``load_state_dict``):
-- ``machine``: ``Core`` (import it from there), the event loop of the core: the version, the sample count, running the effects
-  of the protocol in force; its checkpoint is its parts' states together;
+- ``machine``: ``Core`` (import it from there), the event loop of the core: the version, the sample
+  count, running the effects of the protocol in force; its checkpoint is its parts' states together;
 - ``lifecycle``: membership, the start and the end of training;
 - ``switching``: the protocol in force, a switch waiting for its round, the learning-rate scale and
   momentum, the switch records;

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from switchps.policies.base import ClusterView, Policy
+from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server import observer
-from switchps.ps_server.events import Budget, Membership, Push, StepReport
+from switchps.ps_server.events import Batches, Membership, Push, Record, StepReport
+from switchps.ps_server.protocols import SyncProtocol
 
 
 class Consulting:
@@ -37,9 +38,25 @@ class Consulting:
         self.since += updates
         return self.policy is not None and not self.consulting and (not asynchronous or self.since >= self.every_k)
 
-    def view(self, m: Membership, version: int, samples: int, protocol: str, budgets: dict[int, Budget],
-             time_s: float, progress: float) -> ClusterView:
-        return observer.view(self.recent, m, version, samples, protocol, budgets, time_s, progress)
+    def view(self, protocol: SyncProtocol, m: Membership, version: int, samples: int, time_s: float,
+             progress: float) -> ClusterView:
+        """The frozen view the policy gets, with every active worker's budget and the protocol's T."""
+        budgets = {w: protocol.budget(w, self.batches) for w in [-1, *sorted(m.active)]}
+        return observer.view(self.recent, m, version, samples, protocol.name, budgets, time_s, progress)
+
+    def set_batches(self, d: Decision, policy: str, version: int) -> list[Record]:
+        """Per-worker sample budgets a decision sets."""
+        if not d.batches:
+            return []
+        self.batches.update(d.batches)
+        return [Record("batches", {"version": version, "reason": d.reason, "policy": policy,
+                                   "batches": {str(w): b for w, b in sorted(self.batches.items())}})]
+
+    def measured(self, num_workers: int) -> Batches:
+        """What an effective batch depends on now: the batches set, and the recent measured ones."""
+        r = self.recent
+        return Batches(num_workers, dict(self.batches), observer.mean(r.step_samples),
+                       observer.mean(r.update_samples))
 
     def state_dict(self) -> dict[str, Any]:
         return {"since": self.since, "batches": {str(w): b for w, b in self.batches.items()},

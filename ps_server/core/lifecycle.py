@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from switchps.config import TrainSpec
+from switchps.policies.base import Decision
 from switchps.ps_server.events import Membership, Record, absolute, relative
+from switchps.refusals import invalid
+
+MAX_PARTITION_SIZE = 2**40
+"""The most samples a worker may say its data partition holds."""
 
 
 
@@ -32,6 +37,13 @@ class Lifecycle:
     def done(self) -> bool:
         return self.finished_at is not None
 
+    def check_register(self, worker: int, partition_size: int) -> None:
+        """Raise ``Rejected`` unless a worker index and partition size are plausible."""
+        if not 0 <= worker < self.members.num_workers:
+            raise invalid("worker", f"worker index {worker} outside [0, {self.members.num_workers})")
+        if not 0 < partition_size <= MAX_PARTITION_SIZE:
+            raise invalid("partition_size", f"partition size {partition_size} must be in [1, {MAX_PARTITION_SIZE}]")
+
     def register(self, worker: int, partition_size: int, now: float, version: int) -> list[Record]:
         rejoin = worker in self.members.registered
         self.members.registered[worker] = partition_size
@@ -44,6 +56,17 @@ class Lifecycle:
             return []
         self.members.active.add(worker)
         return [Record(event, {"worker": worker, "version": version})]
+
+    def regroup(self, d: Decision, policy: str, version: int) -> list[Record]:
+        """Take the workers a decision excludes out of the barrier and put those it readmits back."""
+        m, out, why = self.members, [], {"reason": d.reason, "policy": policy}
+        for w in sorted(d.exclude - m.excluded):
+            m.excluded.add(w)
+            out.append(Record("worker_excluded", {"worker": w, "version": version, **why}))
+        for w in sorted(d.readmit & m.excluded):
+            m.excluded.discard(w)
+            out.append(Record("worker_readmitted", {"worker": w, "version": version, **why}))
+        return out
 
     def deactivate(self, worker: int, reason: str, version: int) -> Record:
         self.members.active.discard(worker)

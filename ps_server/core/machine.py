@@ -27,14 +27,10 @@ from switchps.ps_server.core.orders import Orders
 from switchps.ps_server.core.receipts import Receipts
 from switchps.ps_server.core.switching import Switching
 from switchps.ps_server.events import (
-    Action, Apply, Batches, Count, Effect, Free, Join, Membership, Outcome, Push, Record, Release, StepReport,
+    Action, Apply, Count, Effect, Free, Join, Membership, Outcome, Push, Record, Release, StepReport,
     Update, WorkOrder,
 )
 from switchps.refusals import invalid, precondition
-
-MAX_PARTITION_SIZE = 2**40
-"""The most samples a worker may say its data partition holds."""
-
 
 class Core:
     """The protocol state machine; see the module docstring."""
@@ -97,9 +93,7 @@ class Core:
 
     def view(self, now: float) -> ClusterView:
         """What the policy sees: a frozen view of the cluster now."""
-        protocol, batches = self.switching.protocol, self.consulting.batches
-        budgets = {w: protocol.budget(w, batches) for w in [-1, *sorted(self.members.active)]}
-        return self.consulting.view(self.members, self.version, self.samples, self.spec.name, budgets,
+        return self.consulting.view(self.switching.protocol, self.members, self.version, self.samples,
                                     now - (self.started_at or now), self.progress(now))
 
     def next_timer(self) -> float | None:
@@ -115,11 +109,7 @@ class Core:
 
     def check_register(self, worker: int, partition_size: int) -> None:
         """Raise ``Rejected`` unless a worker index and partition size are plausible."""
-        if not 0 <= worker < self.members.num_workers:
-            raise invalid("worker", f"worker index {worker} outside [0, {self.members.num_workers})")
-        if not 0 < partition_size <= MAX_PARTITION_SIZE:
-            raise invalid("partition_size", f"partition size {partition_size} must be in "
-                                            f"[1, {MAX_PARTITION_SIZE}]")
+        self.lifecycle.check_register(worker, partition_size)
 
     def check_push(self, worker: int, samples: int, base_version: int, report: StepReport, now: float,
                    session: int = 0) -> None:
@@ -322,22 +312,10 @@ class Core:
     # ---- decisions and switches ---------------------------------------------------------------
 
     def _apply_decision(self, d: Decision, policy: str, now: float) -> None:
-        m = self.members
-        for w in sorted(d.exclude - m.excluded):
-            m.excluded.add(w)
-            self._out.append(Record("worker_excluded", {"worker": w, "version": self.version,
-                                                        "reason": d.reason, "policy": policy}))
-        for w in sorted(d.readmit & m.excluded):
-            m.excluded.discard(w)
-            self._out.append(Record("worker_readmitted", {"worker": w, "version": self.version,
-                                                          "reason": d.reason, "policy": policy}))
+        self._out += self.lifecycle.regroup(d, policy, self.version)
         if d.exclude or d.readmit:
-            self._run(self.switching.protocol.on_membership(m, now), now)
-        if d.batches:
-            batches = self.consulting.batches
-            batches.update(d.batches)
-            self._out.append(Record("batches", {"version": self.version, "reason": d.reason, "policy": policy,
-                                                "batches": {str(w): b for w, b in sorted(batches.items())}}))
+            self._run(self.switching.protocol.on_membership(self.members, now), now)
+        self._out += self.consulting.set_batches(d, policy, self.version)
         update = {**d.params, **({"name": d.protocol} if d.protocol else {}),
                   **({"time_budget_s": d.time_budget_s} if d.time_budget_s is not None else {})}
         if update:
@@ -367,9 +345,6 @@ class Core:
 
     def _rescale(self, state: str = "keep") -> None:
         """Set the learning-rate scale and momentum for the protocol in force, absolutely (``rescale``)."""
-        r = self.consulting.recent
-        b = Batches(self.members.num_workers, dict(self.consulting.batches), observer.mean(r.step_samples),
-                    observer.mean(r.update_samples))
-        change = self.switching.rescaled(b, state)
+        change = self.switching.rescaled(self.consulting.measured(self.members.num_workers), state)
         if change is not None:
             self._out.append(change)

@@ -1,8 +1,8 @@
 """Which pushes the PS has received, so that a retried push is recognised and never applied twice.
 
 A push is named by (worker, session, step): ``session`` is random per worker process and ``step``
-counts that process's pushes; session 0 leaves a push unnamed (a client that never retries). A worker whose reply was lost (a broken connection, a PS restart)
-sends the same push again; the core then either hands the retry the original's place in the round
+counts that process's pushes; session 0 leaves a push unnamed (a client that never retries). A worker
+whose reply was lost (a broken connection, a PS restart) sends the same push again; the core then either hands the retry the original's place in the round
 it waits in, or, if the original was already applied or dropped, drops the copy and says so (``repeated``).
 The receipts are part of the core's checkpoint, saved with the model they describe.
 """
