@@ -97,7 +97,7 @@ class ParameterServer:
             if isinstance(a, Join):
                 self.store.join(a.aggregate_id, self._grads.pop(a.push_id))
             elif isinstance(a, Free):
-                self.store.buffers.put(self._grads.pop(a.push_id))
+                self.store.recycle(self._grads.pop(a.push_id))
             elif isinstance(a, Apply):
                 self._apply(a)
             elif isinstance(a, Release):

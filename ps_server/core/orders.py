@@ -68,14 +68,14 @@ class Orders:
         if not 0 < samples <= allowed:
             raise invalid("samples", f"sample count {samples} is not in [1, {allowed}], the budget of this "
                                      "worker's work order")
-        limit = RATE * span_s + SLACK_S + (RESTART_SLACK_S if order is None or order.since is None else 0.0)
+        busy = report.compute_s + report.sleep_s
+        since = order.since if order is not None else None
+        if since is not None and busy > RATE * (now - since) + SLACK_S:
+            raise invalid("stats", f"compute_s + sleep_s = {busy:.6g} s exceeds the "
+                                   f"{RATE * (now - since) + SLACK_S:.6g} s since the work order was issued")
+        limit = RATE * span_s + SLACK_S + (RESTART_SLACK_S if since is None else 0.0)
         durations = {"send_s": report.send_s, "wait_s": report.wait_s, "delay_sleep_s": report.delay_sleep_s,
-                     "delay_comm_s": report.delay_comm_s, "compute_s + sleep_s": report.compute_s + report.sleep_s}
-        if order is not None and order.since is not None:
-            limit_step = RATE * (now - order.since) + SLACK_S
-            if durations["compute_s + sleep_s"] > limit_step:
-                raise invalid("stats", f"compute_s + sleep_s = {durations['compute_s + sleep_s']:.6g} s exceeds "
-                                       f"the {limit_step:.6g} s since the work order was issued")
+                     "delay_comm_s": report.delay_comm_s, "compute_s + sleep_s": busy}
         for name, value in durations.items():
             if value > limit:
                 raise invalid("stats", f"{name} = {value:.6g} s exceeds the run's {limit:.6g} s")
