@@ -17,6 +17,7 @@ import pytest
 import switchps
 
 ROOT = Path(__file__).resolve().parent.parent
+PS = ROOT / "switchps" / "ps_server"
 SUBPACKAGES = ("ps_server", "worker", "protos", "policies", "configs")
 
 
@@ -37,9 +38,10 @@ def test_every_import_of_the_project_resolves_by_directory_from_the_checkout():
     imports = {m for p in sources for m in _own_imports(p)}
     assert len(imports) > 30
     assert sorted(m for m in imports if not _resolves_on_disk(m)) == []
-    for sub in SUBPACKAGES:  # the mandated top-level folders are the import path, through committed links
-        link = ROOT / "switchps" / sub
-        assert link.is_symlink() and link.resolve() == ROOT / sub
+    for sub in SUBPACKAGES:  # the code lives where its import path says; the design's top-level folders link to it
+        assert not (ROOT / "switchps" / sub).is_symlink()
+        link = ROOT / sub
+        assert link.is_symlink() and link.resolve() == ROOT / "switchps" / sub
 
 
 def test_the_installed_package_is_the_checkout():
@@ -67,18 +69,18 @@ def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
         links = [n for n, i in infos.items() if stat.S_ISLNK(i.external_attr >> 16)]
         assert links == []
         for sub in SUBPACKAGES:
-            on_disk = sorted(p.name for p in (ROOT / sub).iterdir()
+            on_disk = sorted(p.name for p in (ROOT / "switchps" / sub).iterdir()
                              if p.suffix in (".py", ".pyi", ".yaml", ".proto") and p.is_file())
             prefix = f"switchps/{sub}/"
             in_wheel = sorted(n[len(prefix):] for n in infos if n.startswith(prefix) and "/" not in n[len(prefix):])
             assert in_wheel == on_disk, sub
             assert all(infos[f"switchps/{sub}/{name}"].file_size > 0 or name == "__init__.py" for name in on_disk)
-        studies = sorted(p.name for p in (ROOT / "configs" / "studies").glob("*.yaml"))
+        studies = sorted(p.name for p in (ROOT / "switchps" / "configs" / "studies").glob("*.yaml"))
         assert studies and all(infos[f"switchps/configs/studies/{name}"].file_size > 0 for name in studies)
 
 
 def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
-    for path in (ROOT / "ps_server").glob("*.py"):
+    for path in PS.glob("*.py"):
         assert not [m for m in _own_imports(path) if m.startswith("switchps.worker")], path.name
     probe = ("import sys, switchps.ps_server.main; from switchps.config import load_config; "
              "from switchps.checks import PREFLIGHT; load_config(None, ['security.insecure=true'], role='ps', "
@@ -88,11 +90,11 @@ def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
 
 
 def test_the_protocol_core_has_no_io_and_no_threads():
-    core = [f"core/{p.stem}" for p in (ROOT / "ps_server" / "core").glob("*.py")]
+    core = [f"core/{p.stem}" for p in (PS / "core").glob("*.py")]
     assert len(core) >= 6, core
     for name in (*core, "protocols", "events", "observer", "rescale"):
-        imports = _own_imports(ROOT / "ps_server" / f"{name}.py")
-        tree = ast.parse((ROOT / "ps_server" / f"{name}.py").read_text())
+        imports = _own_imports(PS / f"{name}.py")
+        tree = ast.parse((PS / f"{name}.py").read_text())
         third = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         third |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not third & {"grpc", "threading", "asyncio", "socket", "time", "concurrent"}, (name, third)
