@@ -159,7 +159,9 @@ def test_switchps_run_restarts_a_killed_ps_and_the_workers_ride_it_out(tmp_path,
     (run_dir,) = [d for d in tmp_path.iterdir() if (d / "config.yaml").exists()]
     summary = check_run_dir(run_dir)
     assert summary["resumes"] == 1 and summary["final_test_accuracy"] >= 0.9
+    lost_eval = summary["rejections"].pop("eval:version", 0)  # an evaluation of a version the crash lost
     assert summary["rejections"] == {}, "the restarted PS reads the run's secret: every token still holds"
+    assert lost_eval <= 1, "only the evaluation in flight at the kill can name a lost version"
     assert ps_versions(run_dir) == list(range(1, summary["updates"] + 1)), "one row per version, in order"
     pushes = [p for r in rows(run_dir / "ps.csv") for p in r["pushes"].split(";")]
     assert len(pushes) == len(set(pushes)), "no push applied twice"
