@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import Policy
+from switchps.ps_server.checkpointer import Parts
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.events import (
     Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport,
 )
+from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.sums import Sums
 
 G = np.float32
@@ -24,13 +27,16 @@ class Harness:
     ``params`` follow every ``Apply`` (ΣG/Σb times the learning-rate factor and scale); ``releases``
     maps push ids to their ``Release``; every push must end in exactly one release (``check_books``).
     Like the gRPC driver, it holds each push's gradient by push id until the core joins or frees it, and
-    the sums in ``Sums``; ``freed`` lists the buffers the core let go.
+    the sums in ``Sums``; ``freed`` lists the buffers the core let go. With a ``run_dir`` it keeps a run
+    record there (``rec``) on its clock, flushed only by its caller; ``parts`` are what a checkpoint holds.
     """
 
     def __init__(self, workers: int = 3, size: int = 2, protocol: dict[str, Any] | None = None,
                  train: dict[str, Any] | None = None, policy: Policy | None = None, every_k: int = 10,
-                 on_switch: dict[str, Any] | None = None, momentum: float = 0.0, start: bool = True) -> None:
+                 on_switch: dict[str, Any] | None = None, momentum: float = 0.0, start: bool = True,
+                 run_dir: Path | None = None) -> None:
         self.now = 100.0
+        self.rec = None if run_dir is None else RunRecorder(run_dir, flush_every_s=None, clock=lambda: self.now)
         self.freed: list[np.ndarray] = []
         self.log: list[Action] = []  # every action, in order
         self.steps: dict[int, int] = {}  # per worker, its next step number (for scripts that name pushes)
@@ -55,8 +61,14 @@ class Harness:
             for w in range(workers):
                 self.core.issue(w, self.now)  # the first pull: each worker learns its budget
 
+    def parts(self) -> Parts:
+        """What a checkpoint of this driver holds (``checkpointer.compose`` and ``restore``)."""
+        return Parts(self.core, self.sums, self.rec)
+
     def run(self, actions: list[Action]) -> None:
         self.log += actions
+        if self.rec is not None and self.rec.t0 is None and self.core.started_at is not None:
+            self.rec.start(self.core.started_at)
         for a in actions:
             if isinstance(a, Join):
                 self.sums.join(a.aggregate_id, self.grads.pop(a.push_id))
@@ -66,6 +78,8 @@ class Harness:
                 grad = self.sums.take(a.aggregate.id)
                 self.params -= self.lr_scale * a.lr_factor * grad.astype(np.float64) / a.aggregate.samples
                 self.applied.append(a)
+                if self.rec is not None:
+                    self.rec.update(a, self.lr_scale * a.lr_factor)
             elif isinstance(a, Release):
                 assert a.push_id not in self.releases, f"push {a.push_id} released twice"
                 self.releases[a.push_id] = a
@@ -74,8 +88,12 @@ class Harness:
                 self.momentum = a.momentum if a.momentum is not None else self.momentum
             elif isinstance(a, Record):
                 self.records.append(a)
+                if self.rec is not None:
+                    self.rec.event(a.event, **a.fields)
             elif isinstance(a, Count):
                 self.counts[f"{a.what}:{a.reason}" if a.reason else a.what] += 1
+                if self.rec is not None:
+                    self.rec.count(a.what, a.reason)
 
     def push(self, worker: int, value: float | list[float], samples: int = 1, base: int | None = None,
              report: StepReport = StepReport(), step: int = 0, session: int = 0) -> int:
@@ -88,6 +106,8 @@ class Harness:
         p = Push(self._ids, worker, version, samples, 0.0, self.now, step=step, session=session)
         self.pushed[p.id] = samples
         self.grads[p.id] = grad
+        if self.rec is not None and not self.core.receipts.seen(p):  # a retry's step is recorded once
+            self.rec.step(worker, version, samples, report)
         self.run(self.core.push(p, report, self.now))
         return p.id
 

@@ -8,6 +8,7 @@ import pytest
 from harness import Harness
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import CheckpointError
+from switchps.ps_server.checkpointer import compose, restore
 from switchps.ps_server.events import StepReport
 
 
@@ -60,16 +61,13 @@ def test_prune_keeps_the_newest(tmp_path):
 def saved_and_loaded(h: Harness, tmp_path, crash: bool = True) -> Harness:
     """A fresh core continued from ``h``'s state written to and read from a checkpoint file, later (after a
     ``crash``: by a new process, which relaxes what the crash made uncertain)."""
-    checkpoint.write(tmp_path, h.core.version, {"core": h.core.state_dict(h.now), "sums": h.sums.state_dict()})
+    checkpoint.write(tmp_path, h.core.version, compose(h.parts(), h.now))
     back = Harness(workers=len(h.core.members.registered), start=False)
     back.now = h.now + 50.0  # the restart took a while
     ck = checkpoint.latest(tmp_path)
     assert ck is not None
-    back.sums.load_state_dict(ck.state["sums"])
-    back.core.load_state_dict(ck.state["core"], back.now)
-    if crash:
-        back.core.restarted(back.now)
-    back.params = h.params.copy()
+    restore(back.parts(), ck.state, ck.version, back.now, crash)
+    back.params = h.params.copy()  # the harness's model is not in its checkpoint
     back._ids = 1000
     return back
 

@@ -14,6 +14,7 @@ import pytest
 from harness import Harness
 from switchps.policies.base import Decision
 from switchps.policies.schedule import Schedule
+from switchps.ps_server.checkpointer import compose, restore
 from switchps.ps_server.events import Action, Apply, Join, Push, StepReport
 
 Op = Callable[[Harness], None]
@@ -83,8 +84,7 @@ def _restored(h: Harness) -> Harness:
     back = _fresh(start=False)
     back.now, back._ids, back.steps, back.params = h.now, h._ids, dict(h.steps), h.params.copy()
     back.lr_scale, back.momentum = h.lr_scale, h.momentum
-    back.sums.load_state_dict(h.sums.state_dict())
-    back.core.load_state_dict(h.core.state_dict(h.now), h.now)
+    restore(back.parts(), compose(h.parts(), h.now), h.core.version, h.now, crash=False)
     return back
 
 

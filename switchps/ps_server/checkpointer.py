@@ -6,6 +6,10 @@ the core's state (version, samples, protocol in force and its round in flight, c
 state, batches, exclusions, SSP clocks, the receipts of pushes received), where each record file
 stands, the latest evaluation, and the run config it was made with (which a resume compares).
 
+Every driver's checkpoint state is composed and restored here, from the ``Parts`` it has (the core, and
+any of the sums, the record, the model and what its clients told it): ``compose`` and ``restore`` for a
+driver without threads (the test harness, a simulator), ``Checkpointer`` for the gRPC driver.
+
 Concurrency: ``take`` runs on the event loop, between events, so the core's state it reads is that of
 exactly ``core.version``. The values and optimizer state are copied on the applier thread, queued
 behind the updates up to that version and ahead of any later one (the only time the apply path is
@@ -31,9 +35,8 @@ import numpy as np
 from switchps.config import CheckpointSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
-from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import Optimizer
-from switchps.ps_server.records import RunRecorder
+from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")
 
@@ -51,22 +54,114 @@ class CoreState(Protocol):
     def restarted(self, now: float) -> None: ...
 
 
-class Checkpointed(Protocol):
-    """What a checkpoint saves of a PS and restores into one: the core's state, the record's position,
-    the model store, the layout and the latest evaluation. The service (``ParameterServer``) is one; the
-    checkpointer never sees the rest of it, so it can neither call back into the service nor import it."""
+class Record(Protocol):
+    """The run record (``RunRecorder``) as a checkpoint sees it: where it stands, and a flush."""
 
-    last_eval: pb.EvalReport | None
+    def position(self) -> dict[str, Any]: ...
+
+    def ps_rows(self) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class Model(Protocol):
+    """The model (``ModelStore``): values, optimizer and layout, written where ``control`` runs its function."""
+
+    @property
+    def layout(self) -> pb.Layout: ...
+
+    @property
+    def values(self) -> np.ndarray: ...
+
+    @property
+    def optimizer(self) -> Optimizer: ...
+
+    def control(self, change: Callable[[Optimizer], None]) -> None: ...
+
+    def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int) -> None: ...
+
+
+class Clients(Protocol):
+    """What the gRPC driver learnt from its clients: the layout they registered, their latest evaluation."""
+
     layout: pb.Layout | None
+    last_eval: pb.EvalReport | None
 
-    @property
-    def core(self) -> CoreState: ...
 
-    @property
-    def rec(self) -> RunRecorder: ...
+@dataclass(frozen=True)
+class Parts:
+    """What a checkpoint saves of a driver and restores into one: the core, and those of the other parts
+    the driver has. The gRPC driver has them all; the test harness has the sums (and a record if it keeps
+    one); a simulator gives what it has. Nothing here can call back into a driver or import one."""
 
-    @property
-    def store(self) -> ModelStore: ...
+    core: CoreState
+    sums: Sums | None = None
+    """The open aggregates' sums, which the core's state names; written by the model's applier if any."""
+    record: Record | None = None
+    model: Model | None = None
+    clients: Clients | None = None
+
+
+Copy = Callable[[str, np.ndarray], np.ndarray]
+"""Copies an array under a name (the checkpointer's reused buffers)."""
+
+
+def between_events(parts: Parts, now: float) -> dict[str, Any]:
+    """The state read between two events of the driver: the core's at its version, the record's position,
+    the layout and the latest evaluation."""
+    state: dict[str, Any] = {"core": parts.core.state_dict(now)}
+    if parts.record is not None:
+        state["records"] = parts.record.position()
+    if parts.model is not None:
+        state["layout"] = np.frombuffer(parts.model.layout.SerializeToString(), np.uint8)
+    if parts.clients is not None:
+        last = parts.clients.last_eval
+        state["last_eval"] = None if last is None else [last.version, last.test_loss, last.test_accuracy]
+    return state
+
+
+def where_applied(parts: Parts, state: dict[str, Any], copy: Copy = lambda _, a: a.copy()) -> None:
+    """Add to ``state`` what the model's writer holds, read where every update up to the core's version is
+    applied (on the gRPC driver's applier): values, optimizer state, open sums, and the ``ps.csv`` rows."""
+    if parts.model is not None:
+        state["values"] = copy("values", parts.model.values)
+        state["optimizer"] = {k: copy(k, v) if isinstance(v, np.ndarray) else v
+                              for k, v in parts.model.optimizer.state_dict(copy=False).items()}
+    if parts.sums is not None:
+        state["sums"] = parts.sums.state_dict()
+    if parts.record is not None:
+        state["records"]["rows"]["ps"] = parts.record.ps_rows()
+
+
+def compose(parts: Parts, now: float) -> dict[str, Any]:
+    """The whole state at once, for a driver whose model nothing else is writing (no applier thread)."""
+    state = between_events(parts, now)
+    where_applied(parts, state)
+    return state
+
+
+def restore(parts: Parts, state: dict[str, Any], version: int, now: float, crash: bool = True) -> None:
+    """Continue ``parts`` (freshly built, not yet driven) from the checkpoint ``state`` of ``version``; after a
+    ``crash``, the core relaxes what it made uncertain (``restarted``). A record continues from
+    ``record_position(state)``, which it is built with."""
+    if parts.model is not None:
+        layout = pb.Layout.FromString(state["layout"].tobytes())
+        parts.model.restore(layout, state["values"], state["optimizer"], version)
+        if parts.clients is not None:
+            parts.clients.layout = layout
+    if parts.sums is not None:
+        parts.sums.load_state_dict(state["sums"])
+    parts.core.load_state_dict(state["core"], now)
+    if crash:
+        parts.core.restarted(now)
+    if parts.clients is not None and state["last_eval"] is not None:
+        v, loss, acc = state["last_eval"]
+        parts.clients.last_eval = pb.EvalReport(version=v, test_loss=loss, test_accuracy=acc)
+
+
+def record_position(state: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the record stood in the checkpoint ``state`` (``RunRecorder``'s ``resume``)."""
+    return state.get("records")
 
 
 @dataclass
@@ -90,15 +185,17 @@ class CheckpointStats:
 class Checkpointer:
     """Takes a checkpoint when ``spec`` says one is due; see the module docstring for the threads."""
 
-    def __init__(self, directory: Path, spec: CheckpointSpec, now: float, config: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, spec: CheckpointSpec, now: float, config: dict[str, Any],
+                 parts: Parts) -> None:
         """``config``: the run config as plain data, saved in each checkpoint so that a resume can refuse
-        a config that changes what the checkpoint was made with (``switchps.resume_rules``)."""
-        self.directory, self.spec, self.config = directory, spec, config
+        a config that changes what the checkpoint was made with (``switchps.resume_rules``). ``parts``:
+        what each checkpoint saves."""
+        self.directory, self.spec, self.config, self.parts = directory, spec, config, parts
         self.stats = CheckpointStats()
         self.last_at, self.last_version = now, -1
         self._in_flight = False  # guarded by ``_idle``: set by ``take``, cleared by the writer
         self._buffers: dict[str, np.ndarray] = {}  # the applier writes them, then the writer reads them
-        self._jobs: queue.SimpleQueue[tuple[int, dict[str, Any], Callable[[], None]] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[int, dict[str, Any]] | None] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._writer = threading.Thread(target=self._write_loop, name="switchps-checkpoint", daemon=True)
         self._writer.start()
@@ -112,34 +209,28 @@ class Checkpointer:
         return bool((s.every_updates and version - max(self.last_version, 0) >= s.every_updates)
                     or (s.every_s and now - self.last_at >= s.every_s))
 
-    def take(self, ps: Checkpointed, now: float) -> None:
-        """Snapshot ``ps`` at its core's version; the file is written in the background."""
-        version = ps.core.version
+    def take(self, now: float) -> None:
+        """Snapshot the parts at the core's version; the file is written in the background."""
+        parts = self.parts
+        version = parts.core.version
         with self._idle:
             if self._in_flight:
                 self.stats.deferred += 1
                 return
             self._in_flight = True
         self.last_at, self.last_version = now, version
-        last = ps.last_eval
-        state: dict[str, Any] = {
-            "core": ps.core.state_dict(now), "records": ps.rec.position(),
-            "layout": np.frombuffer(ps.store.layout.SerializeToString(), np.uint8),
-            "last_eval": None if last is None else [last.version, last.test_loss, last.test_accuracy],
-            "saved_at": time.time(), "config": self.config,
-        }
+        state = {**between_events(parts, now), "saved_at": time.time(), "config": self.config}
 
-        def capture(opt: Optimizer) -> None:  # on the applier: every update up to ``version`` is applied
+        def capture() -> None:  # every update up to ``version`` is applied, none after
             t0 = time.perf_counter()
-            state["values"] = self._copy("values", ps.store.values)
-            state["optimizer"] = {k: self._copy(k, v) if isinstance(v, np.ndarray) else v
-                                  for k, v in opt.state_dict(copy=False).items()}
-            state["sums"] = ps.store.sums.state_dict()  # the open aggregates' sums the core's state names
+            where_applied(parts, state, self._copy)
             self.stats.held_s.append(time.perf_counter() - t0)
-            state["records"]["rows"]["ps"] = ps.rec.ps_rows()
-            self._jobs.put((version, state, ps.rec.flush))
+            self._jobs.put((version, state))
 
-        ps.store.control(capture)
+        if parts.model is None:
+            capture()
+        else:
+            parts.model.control(lambda _: capture())
 
     def _copy(self, key: str, a: np.ndarray) -> np.ndarray:
         """``a`` copied into this checkpointer's buffer for ``key``: one warm buffer per array, reused by
@@ -163,10 +254,11 @@ class Checkpointer:
 
     def _write_loop(self) -> None:
         while (job := self._jobs.get()) is not None:
-            version, state, flush_records = job
+            version, state = job
             t0 = time.perf_counter()
             try:
-                flush_records()  # the rows the checkpoint counts are in the files before it can be read
+                if self.parts.record is not None:  # the rows it counts are in the files before it can be read
+                    self.parts.record.flush()
                 path = checkpoint.write(self.directory, version, state)
                 checkpoint.prune(self.directory, self.spec.keep)
                 self.stats.written += 1
@@ -179,16 +271,3 @@ class Checkpointer:
                 self._in_flight = False
                 self._idle.notify_all()
 
-
-def restore(ps: Checkpointed, ckpt: checkpoint.Checkpoint, now: float) -> None:
-    """Continue ``ps`` (freshly built, not yet serving) from ``ckpt``."""
-    s = ckpt.state
-    layout = pb.Layout.FromString(s["layout"].tobytes())
-    ps.store.restore(layout, s["values"], s["optimizer"], ckpt.version)
-    ps.store.sums.load_state_dict(s["sums"])
-    ps.core.load_state_dict(s["core"], now)
-    ps.core.restarted(now)
-    ps.layout = layout
-    if s["last_eval"] is not None:
-        v, loss, acc = s["last_eval"]
-        ps.last_eval = pb.EvalReport(version=v, test_loss=loss, test_accuracy=acc)

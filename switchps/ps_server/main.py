@@ -19,7 +19,7 @@ from switchps.resume_rules import refuse_incompatible
 from switchps.policies.registry import make_policy
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import Checkpoint
-from switchps.ps_server.checkpointer import Checkpointer, restore
+from switchps.ps_server.checkpointer import Checkpointer, Parts, record_position, restore
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore
@@ -53,15 +53,19 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
                 on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),
                 policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
-    rec = RunRecorder(run_dir, trace=cfg.stragglers.active, resume=resume.state["records"] if resume else None)
+    clock = time.monotonic  # the core's times and the record's are on the driver's one clock
+    rec = RunRecorder(run_dir, trace=cfg.stragglers.active, resume=record_position(resume.state) if resume else None,
+                      clock=clock)
     ps = ParameterServer(core, store, rec, link, cfg.runtime.receive_timeout_s,
-                         int(cfg.runtime.max_model_mb * 2**20))
+                         int(cfg.runtime.max_model_mb * 2**20), clock=clock)
+    parts = Parts(core, store.sums, rec, store, ps)
     if resume is not None:
-        restore(ps, resume, time.monotonic())
+        restore(parts, resume.state, resume.version, time.monotonic())
         _note_resume(ps, resume)
     ck = cfg.checkpoint
     if ck.every_s or ck.every_updates:
-        ps.checkpointer = Checkpointer(run_dir / "checkpoints", ck, time.monotonic(), cfg.model_dump(mode="json"))
+        ps.checkpointer = Checkpointer(run_dir / "checkpoints", ck, time.monotonic(), cfg.model_dump(mode="json"),
+                                       parts)
         if resume is not None:
             ps.checkpointer.last_version = resume.version
     return ps
@@ -113,7 +117,7 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     ps.store.wait_idle(timeout=60)  # every queued update applied and recorded
     if ps.checkpointer is not None:  # the final state, for export and for a resume that only evaluates
         ps.checkpointer.wait(60)
-        ps.checkpointer.take(ps, time.monotonic())
+        ps.checkpointer.take(time.monotonic())
         ps.checkpointer.close(120)
     sampler.stop()
     return ps.rec.close({**_summary(cfg, ps), "resources": resources.summary(run_dir / "resources.csv")})

@@ -1,7 +1,10 @@
 """The run record: CSV tables, an event log, counters and the summary.
 
 The PS is the only writer of a run directory. Rows are buffered and flushed
-by a background thread so that recording never blocks the push path on disk.
+by a background thread so that recording never blocks the push path on disk;
+a driver without threads (a simulator) flushes them itself. Every time in the
+record comes from the driver's clock (``clock``), the one its core runs on:
+monotonic time for the gRPC driver, virtual time for a simulator.
 ``stragglers.csv`` is written in the format of ``switchps.straggler_trace``.
 """
 
@@ -13,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from switchps.jsonfile import dumps, write_json
 from switchps.ps_server.events import Apply, StepReport
@@ -25,6 +28,8 @@ PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_
 WORKER_COLUMNS = ("time_s", "worker", "step", "base_version", "samples", "compute_s", "send_s",
                   "wait_s", "sleep_s", "loss")
 EVAL_COLUMNS = ("time_s", "version", "test_loss", "test_accuracy")
+FLUSHER = "switchps-record-flusher"
+"""The name of a recorder's flush thread."""
 
 
 @dataclass
@@ -92,13 +97,15 @@ def update_row(a: Apply) -> dict[str, Any]:
 class RunRecorder:
     """Appends rows and events, counts pushes, and writes ``summary.json``."""
 
-    def __init__(self, run_dir: Path, trace: bool = False, flush_every_s: float = 0.5,
-                 resume: dict[str, Any] | None = None) -> None:
-        """``resume``: a ``position`` from a checkpoint; the record continues from there."""
-        self.run_dir = run_dir
+    def __init__(self, run_dir: Path, trace: bool = False, flush_every_s: float | None = 0.5,
+                 resume: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """``flush_every_s``: how often a background thread flushes; None: no thread, the driver calls
+        ``flush``. ``resume``: a ``position`` from a checkpoint; the record continues from there.
+        ``clock``: the driver's clock, on which ``start``'s time is too."""
+        self.run_dir, self.clock = run_dir, clock
         run_dir.mkdir(parents=True, exist_ok=True)
         self.t0: float | None = None  # training start; times in the record count from it
-        self._created = time.monotonic()
+        self._created = clock()
         self._lock = threading.Lock()  # the buffered rows, events and counts
         self._write_lock = threading.Lock()  # one flush writes at a time, in order; taken before ``_lock``
         rows = (resume or {}).get("rows", {})
@@ -118,14 +125,18 @@ class RunRecorder:
         if resume is not None:
             self._restore(resume)
         self._stop = threading.Event()
-        self._flusher = threading.Thread(target=self._flush_loop, args=(flush_every_s,), daemon=True)
-        self._flusher.start()
+        self._flusher: threading.Thread | None = None
+        if flush_every_s is not None:
+            self._flusher = threading.Thread(target=self._flush_loop, args=(flush_every_s,),
+                                             name=FLUSHER, daemon=True)
+            self._flusher.start()
 
     def now(self) -> float:
-        return self._rel(time.monotonic())
+        """The clock's time, in seconds since the training start (before it: since this recorder was made)."""
+        return self._rel(self.clock())
 
-    def _rel(self, mono: float) -> float:
-        return round(mono - (self.t0 if self.t0 is not None else self._created), 6)
+    def _rel(self, t: float) -> float:
+        return round(t - (self.t0 if self.t0 is not None else self._created), 6)
 
     def update(self, a: Apply, lr: float) -> None:
         """One applied update (called by the applier once it knows the rate it applied)."""
@@ -165,7 +176,7 @@ class RunRecorder:
 
     def event(self, event: str, **fields: Any) -> None:
         with self._lock:
-            self._events.append((time.monotonic(), {"event": event, **fields}))
+            self._events.append((self.clock(), {"event": event, **fields}))
 
     def count(self, what: str, reason: str | None = None) -> None:
         """Count an accepted, rejected or dropped push (with its reason)."""
@@ -203,7 +214,7 @@ class RunRecorder:
         self.evals = [(t, int(v), loss, acc) for t, v, loss, acc in d["evals"]]
 
     def start(self, t0: float) -> None:
-        """Training started at ``t0`` (a resumed run: the checkpoint's elapsed time before now)."""
+        """Training started at ``t0`` on the clock (a resumed run: the checkpoint's elapsed time before now)."""
         self.t0 = t0
 
     def flush(self, final: bool = False) -> None:
@@ -216,7 +227,7 @@ class RunRecorder:
                 trace = self.trace.take() if self.trace is not None else []
                 ps, workers, evals = self.ps.take(), self.workers.take(), self.eval.take()
                 ready = self.t0 is not None or final
-                events = [dumps({"time_s": self._rel(m), **e}) for m, e in self._events] if ready else []
+                events = [dumps({"time_s": self._rel(t), **e}) for t, e in self._events] if ready else []
                 if ready:
                     self._events = []
             if self.trace is not None:
@@ -233,9 +244,10 @@ class RunRecorder:
             self.flush()
 
     def close(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """Stop the flusher, flush everything and write ``summary.json``."""
-        self._stop.set()
-        self._flusher.join()
+        """Stop the flusher (if any), flush everything and write ``summary.json``."""
+        if self._flusher is not None:
+            self._stop.set()
+            self._flusher.join()
         self.flush(final=True)
         self.tensorboard.close()
         accs = [e[3] for e in self.evals]

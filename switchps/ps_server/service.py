@@ -135,7 +135,7 @@ class ParameterServer:
             self.finished.set()
         elif self.checkpointer is not None and core.started_at is not None and \
                 self.checkpointer.due(core.version, self.clock()):
-            self.checkpointer.take(self, self.clock())
+            self.checkpointer.take(self.clock())
         self._arm(core.next_timer())
 
     def _arm(self, at: float | None) -> None:

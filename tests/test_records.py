@@ -1,0 +1,65 @@
+"""The run record on a driver's clock, and in a driver's checkpoint: the test harness records on its fake
+clock, with no flusher thread and no sleeps, and checkpoints through the same composer as the gRPC PS."""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+from pathlib import Path
+
+from harness import Harness
+from switchps.ps_server.checkpointer import compose, record_position
+from switchps.ps_server.records import FLUSHER, RunRecorder
+
+
+def column(path: Path, name: str) -> list[str]:
+    with path.open(newline="") as f:
+        return [row[name] for row in csv.DictReader(f)]
+
+
+def recorded(tmp_path: Path) -> Harness:
+    """ASP on two workers, training from time 100: pushes at 100.25 and 101.5, a switch at 103, an
+    evaluation at 104.75."""
+    h = Harness(workers=2, protocol={"name": "asp"}, run_dir=tmp_path)
+    h.now = 100.25
+    h.push(0, 1.0, step=0, session=1)
+    h.now = 101.5
+    h.push(1, 1.0, step=0, session=1)
+    h.now = 103.0
+    h.switch(name="bsp")
+    h.now = 104.75
+    assert h.rec is not None
+    h.rec.evaluation(2, 0.5, 0.9)
+    return h
+
+
+def test_a_recorder_on_a_fake_clock_stamps_every_row_with_exactly_its_times(tmp_path):
+    h = recorded(tmp_path)
+    assert h.rec is not None
+    assert not any(t.name == FLUSHER for t in threading.enumerate()), "the driver flushes: no flusher thread"
+    h.rec.flush()
+    assert column(tmp_path / "ps.csv", "time_s") == ["0.25", "1.5"]
+    assert column(tmp_path / "workers.csv", "time_s") == ["0.25", "1.5"]
+    assert column(tmp_path / "eval.csv", "time_s") == ["4.75"]
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["time_s"], e["event"]) for e in events] == [
+        (0.0, "worker_joined"), (0.0, "worker_joined"), (0.0, "training_started"), (3.0, "switch")]
+    h.now = 110.0
+    h.rec.event("later")
+    h.rec.close({})
+    assert json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1]) == {"time_s": 10.0,
+                                                                                      "event": "later"}
+
+
+def test_the_harness_checkpoints_its_record_through_the_shared_composer(tmp_path):
+    h = recorded(tmp_path)
+    state = compose(h.parts(), h.now)
+    assert list(state) == ["core", "records", "sums"], "a driver without a model saves no model"
+    assert state["records"]["rows"] == {"workers": 2, "eval": 1, "trace": 0, "ps": 2}
+    assert state["records"]["counts"] == {"accepted": 2}
+    assert h.rec is not None
+    h.rec.close({})
+    again = RunRecorder(tmp_path, flush_every_s=None, resume=record_position(state), clock=lambda: 0.0)
+    assert (again.ps.count, again.workers.count, again.counts["accepted"]) == (2, 2, 2)
+    again.close({})
