@@ -5,6 +5,8 @@ batches its decisions set."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from switchps.policies.base import ClusterView, Decision, Policy
@@ -17,7 +19,7 @@ class Consulting:
     """The policy, its cadence, what it has seen lately, and the batches it set."""
 
     def __init__(self, policy: Policy | None, every_k: int, window: int, num_workers: int) -> None:
-        self.policy, self.every_k = policy, every_k
+        self.policy, self.every_k, self.num_workers = policy, every_k, num_workers
         self.recent = observer.Recent(window, 2 * num_workers)
         self.batches: dict[int, int] = {}  # per-worker sample budgets a policy set
         self.since = 0  # updates since the policy was last consulted
@@ -38,6 +40,17 @@ class Consulting:
         self.since += updates
         return self.policy is not None and not self.consulting and (not asynchronous or self.since >= self.every_k)
 
+    @contextmanager
+    def asking(self) -> Iterator[Policy]:
+        """The policy, while it is asked and its decision applied (which may complete updates: they do not
+        consult it a second time); the count of updates since it was last asked starts anew."""
+        assert self.policy is not None
+        self.since, self.consulting = 0, True
+        try:
+            yield self.policy
+        finally:
+            self.consulting = False
+
     def view(self, protocol: SyncProtocol, m: Membership, version: int, samples: int, time_s: float,
              progress: float) -> ClusterView:
         """The frozen view the policy gets, with every active worker's budget and the protocol's T."""
@@ -52,18 +65,22 @@ class Consulting:
         return [Record("batches", {"version": version, "reason": d.reason, "policy": policy,
                                    "batches": {str(w): b for w, b in sorted(self.batches.items())}})]
 
-    def measured(self, num_workers: int) -> Batches:
+    def step_s(self) -> float:
+        """A worker's normal step lately (``observer.normal_step_s``)."""
+        return observer.normal_step_s(self.recent)
+
+    def measured(self) -> Batches:
         """What an effective batch depends on now: the batches set, and the recent measured ones."""
         r = self.recent
-        return Batches(num_workers, dict(self.batches), observer.mean(r.step_samples),
+        return Batches(self.num_workers, dict(self.batches), observer.mean(r.step_samples),
                        observer.mean(r.update_samples))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, now: float) -> dict[str, Any]:  # no times
         return {"since": self.since, "batches": {str(w): b for w, b in self.batches.items()},
                 "recent": observer.state(self.recent),
                 "policy": None if self.policy is None else self.policy.state_dict()}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         self.since = d["since"]
         self.batches = {int(w): b for w, b in d["batches"].items()}
         self.recent = observer.Recent(self.recent.window, self.recent.span)

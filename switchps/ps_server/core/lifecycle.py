@@ -2,7 +2,7 @@
 
 Training starts once the model is initialized and every worker registered, or once ``startup_timeout_s``
 has passed since the first registration with whoever is there. It ends when ``train`` says (steps,
-epochs or seconds), measured by ``progress``.
+epochs or seconds), measured by ``progress``. A run restarted from a checkpoint is ``resumed``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from typing import Any
 from switchps.config import TrainSpec
 from switchps.policies.base import Decision
 from switchps.ps_server.events import Membership, Record, absolute, relative
-from switchps.refusals import invalid
+from switchps.ps_server.protocols import SyncProtocol
+from switchps.refusals import invalid, precondition
 
 MAX_PARTITION_SIZE = 2**40
 """The most samples a worker may say its data partition holds."""
-
-
 
 
 @dataclass
@@ -32,6 +31,7 @@ class Lifecycle:
     first_register: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    resumed: bool = False  # restarted from a checkpoint: pushes may name versions lost in the crash
 
     @property
     def done(self) -> bool:
@@ -44,7 +44,22 @@ class Lifecycle:
         if not 0 < partition_size <= MAX_PARTITION_SIZE:
             raise invalid("partition_size", f"partition size {partition_size} must be in [1, {MAX_PARTITION_SIZE}]")
 
+    def check_push(self, worker: int) -> None:
+        """Raise ``Rejected`` unless ``worker`` registered and training has started."""
+        if worker not in self.members.registered:
+            raise invalid("unknown_worker", f"unknown worker id {worker}")
+        if self.started_at is None:
+            raise precondition("not_started", "training has not started")
+
+    def check_version(self, base_version: int, version: int) -> None:
+        """Raise ``Rejected`` unless a push's ``base_version`` is one the core has made (``version``: the
+        newest; after a restart, newer ones may have been lost in the crash)."""
+        if base_version < 0 or (base_version > version and not self.resumed):
+            raise invalid("version", f"base version {base_version} is not in [0, {version}]")
+
     def register(self, worker: int, partition_size: int, now: float, version: int) -> list[Record]:
+        """A worker registers (again, after a restart: it rejoins); ``Rejected`` unless it is plausible."""
+        self.check_register(worker, partition_size)
         rejoin = worker in self.members.registered
         self.members.registered[worker] = partition_size
         self.members.last_seen[worker] = now
@@ -68,9 +83,10 @@ class Lifecycle:
             out.append(Record("worker_readmitted", {"worker": w, "version": version, **why}))
         return out
 
-    def deactivate(self, worker: int, reason: str, version: int) -> Record:
-        self.members.active.discard(worker)
-        return Record("deadline_missed", {"worker": worker, "version": version, "reason": reason})
+    def deactivate(self, missed: list[tuple[int, str]], version: int) -> list[Record]:
+        """Workers that missed a deadline (with why) are inactive until their next push."""
+        self.members.active.difference_update(w for w, _ in missed)
+        return [Record("deadline_missed", {"worker": w, "version": version, "reason": why}) for w, why in missed]
 
     def start(self, now: float) -> list[Record] | None:
         """Start training now if it may (then ``started_at`` is ``now``; returns its records), else None."""
@@ -84,10 +100,16 @@ class Lifecycle:
         workers = {"workers": sorted(m.registered)}
         return ([] if complete else [Record("started_incomplete", workers)]) + [Record("training_started", workers)]
 
-    def start_deadline(self) -> float | None:
-        """When training starts without the workers still missing, if it has not started."""
-        first = self.first_register
-        return first + self.startup_timeout_s if first is not None and self.initialized else None
+    def next_timer(self, protocol: SyncProtocol) -> float | None:
+        """When the core next wants the time: the start-up timeout before training starts; while it runs,
+        the time limit or the deadline or window of ``protocol`` (the one in force), whichever is first."""
+        if self.started_at is None:
+            first = self.first_register
+            return first + self.startup_timeout_s if first is not None and self.initialized else None
+        if self.done:
+            return None
+        end = self.started_at + self.train.seconds if self.train.seconds else None
+        return min((t for t in (protocol.next_timer(self.members), end) if t is not None), default=None)
 
     def progress(self, now: float, version: int, samples: int) -> float:
         """The fraction of the training length done: exactly 1.0 once it is reached (compared, not divided,
@@ -101,9 +123,12 @@ class Lifecycle:
             return 0.0
         return 1.0 if now >= started + t.seconds else (now - started) / t.seconds
 
-    def end_deadline(self) -> float | None:
-        """When a time-limited run ends."""
-        return self.started_at + self.train.seconds if self.started_at is not None and self.train.seconds else None
+    def finish(self, now: float, version: int, samples: int) -> bool:
+        """End training now if it has started and its length is reached; whether it ended now."""
+        if self.done or self.started_at is None or self.progress(now, version, samples) < 1.0:
+            return False
+        self.finished_at = now
+        return True
 
     def state_dict(self, now: float) -> dict[str, Any]:
         m = self.members
@@ -122,5 +147,7 @@ class Lifecycle:
         self.finished_at = absolute(d["finished_at"], now)
 
     def restarted(self, now: float) -> None:
-        """After a restart every worker has a fresh deadline: it needs time to reconnect."""
+        """After a restart every worker has a fresh deadline (it needs time to reconnect), and a push may
+        name a version the crash lost."""
+        self.resumed = True
         self.members.last_seen = dict.fromkeys(self.members.registered, now)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from switchps.ps_server.events import StepReport, absolute, relative
+from switchps.ps_server.events import StepReport, WorkOrder, absolute, relative
 from switchps.refusals import invalid
 
 RATE = 1.05
@@ -44,10 +44,12 @@ class Orders:
     def __init__(self) -> None:
         self.current: dict[int, Order] = {}
 
-    def issue(self, worker: int, samples: int, now: float, step: bool = True) -> None:
-        """Note an order of ``samples`` given to ``worker`` at ``now``: a new step's (``step``), or the same
-        step's again (a registration, a pull), which only widens the bounds."""
-        old = self.current.get(worker)
+    def issue(self, worker: int, order: WorkOrder, now: float, step: bool = True) -> WorkOrder:
+        """Note ``order`` given to ``worker`` at ``now``, for a new step (``step``) or the same step again (a
+        registration, a pull), which only widens the bounds; a reader (-1) computes nothing."""
+        if worker < 0:
+            return order
+        samples, old = order.sample_budget, self.current.get(worker)
         if old is None:
             self.current[worker] = Order(samples, now, samples, now)
         elif step:
@@ -55,6 +57,7 @@ class Orders:
         else:
             self.current[worker] = Order(max(samples, old.samples), old.since, max(samples, old.budget),
                                          old.issued_at)
+        return order
 
     def check(self, worker: int, samples: int, report: StepReport, now: float, span_s: float) -> None:
         """Raise ``Rejected`` (INVALID_ARGUMENT) unless a push's claims fit its orders; ``span_s`` is how long

@@ -41,10 +41,10 @@ class Receipts:
             self.last[p.worker] = (p.session, p.step)
             self.restored.discard(p.worker)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, now: float) -> dict[str, Any]:  # no times
         return {str(w): list(v) for w, v in self.last.items()}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         self.last = {int(w): (int(v[0]), int(v[1])) for w, v in d.items()}
 
     def restarted(self) -> None:

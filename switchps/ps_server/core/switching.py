@@ -2,31 +2,43 @@
 protocol into the new one; the learning rate and momentum follow (``rescale``), ramped after a switch;
 every switch is recorded for the overhead figure.
 
-A switch is two steps around the core running an effect: ``begin`` returns what the old protocol still
-has to do (its drain, or, for the same rule with other parameters, a membership check), and ``complete``
-puts the new protocol in force after that has run.
+A switch is decided (``request``, or ``decided`` for a policy's decision), waits while the protocol in
+force is busy with a round (``ready`` says when it no longer is), and then takes two steps around the
+core running an effect: ``begin`` returns what the old protocol still has to do (its drain, or, for the
+same rule with other parameters, a membership check), and ``complete`` puts the new protocol in force
+after that has run, rescales, and records the switch.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
+
+from pydantic import ValidationError
 
 from switchps.config import ProtocolSpec, SwitchSpec
-from switchps.ps_server.events import Batches, Effect, Membership, Record, SetOptimizer
+from switchps.policies.base import Decision
+from switchps.ps_server.events import Action, Apply, Batches, Effect, Membership, Record, SetOptimizer, Update
 from switchps.ps_server.overhead import SwitchRecord
 from switchps.ps_server.protocols import PROTOCOLS, make_protocol
 from switchps.ps_server.rescale import ramp, rescaled, restore_factor
 
-Pending = tuple[ProtocolSpec, str, str, float]
-"""A switch decided while a round was in flight: the new spec, reason, policy and when it was decided."""
+
+class Pending(NamedTuple):
+    """A switch decided (while a round is in flight, it waits): the new spec, why, by which policy, when."""
+
+    new: ProtocolSpec
+    reason: str
+    policy: str
+    decided_at: float
 
 
 class Switching:
     """The protocol in force, a switch that waits for its round, the learning-rate scale and momentum."""
 
-    def __init__(self, spec: ProtocolSpec, on_switch: SwitchSpec, momentum: float) -> None:
+    def __init__(self, spec: ProtocolSpec, on_switch: SwitchSpec, momentum: float, members: Membership) -> None:
         self.spec, self.on_switch = spec, on_switch
+        self.members = members  # the lifecycle's, as the protocols see it
         self.protocol = make_protocol(spec)
         self.reference = make_protocol(spec)  # the configured protocol, for the learning-rate rule
         self.configured_momentum = self.momentum = momentum
@@ -37,72 +49,108 @@ class Switching:
         self.switches: list[SwitchRecord] = []
         self.update_times: list[tuple[float, str]] = []
 
-    def lr_factor(self, version: int, factor: float) -> float:
-        """The learning-rate factor of update ``version`` (``factor``: the protocol's own, e.g. staleness)."""
-        since = None if self.switched_at is None else version - 1 - self.switched_at
-        return factor * (1.0 if since is None else ramp(self.on_switch, self.restore, since))
-
-    def updated(self, now: float) -> None:
+    def applied(self, u: Update, version: int, now: float) -> Apply:
+        """Update ``version`` applies ``u`` now: its action, with the learning-rate factor in force (the
+        protocol's own, e.g. staleness, times the ramp after a switch)."""
         self.update_times.append((now, self.spec.name))
         for sw in self.switches:
             if sw.first_update_at is None and sw.to == self.spec.name:
                 sw.first_update_at = now
+        since = None if self.switched_at is None else version - 1 - self.switched_at
+        factor = u.lr_factor * (1.0 if since is None else ramp(self.on_switch, self.restore, since))
+        a = u.aggregate
+        return Apply(version, a, factor, self.spec.name, self.protocol.budget(-1, {}).time_s, now - a.started)
 
-    def begin(self, new: ProtocolSpec, m: Membership, now: float) -> Effect:
+    def decided(self, d: Decision, policy: str, now: float) -> tuple[Pending | None, list[Record]]:
+        """The protocol or parameters a decision asks for: the switch to make now (``request``), and a
+        ``decision_rejected`` record if they are not valid."""
+        update = {**d.params, **({"name": d.protocol} if d.protocol else {}),
+                  **({"time_budget_s": d.time_budget_s} if d.time_budget_s is not None else {})}
+        if not update:
+            return None, []
+        try:
+            new = ProtocolSpec.model_validate({**self.spec.model_dump(), **update})
+        except ValidationError as err:
+            return None, [Record("decision_rejected", {"policy": policy, "reason": d.reason,
+                                                       "error": str(err.errors()[0]["msg"])})]
+        return self.request(Pending(new, d.reason, policy, now)), []
+
+    def request(self, sw: Pending) -> Pending | None:
+        """A switch decided: the one to make now, or None if it changes nothing or waits, as ``pending``,
+        for the round in flight."""
+        if sw.new == self.spec:
+            return None
+        if self.protocol.busy():
+            self.pending = sw
+            return None
+        return sw
+
+    def ready(self) -> Pending | None:
+        """The pending switch, once the protocol in force is no longer busy with a round."""
+        return self.pending if self.pending is not None and not self.protocol.busy() else None
+
+    def begin(self, new: ProtocolSpec, now: float) -> Effect:
         """Start switching to ``new``: what the protocol in force must still do before it leaves."""
         self.pending = None
         if type(self.protocol) is PROTOCOLS[new.name]:  # same rule, other parameters: keep its state
             self.spec = self.protocol.s = new
-            return self.protocol.on_membership(m, now)
-        return self.protocol.drain(m, now)  # nothing left behind
+            return self.protocol.on_membership(self.members, now)
+        return self.protocol.drain(self.members, now)  # nothing left behind
 
-    def complete(self, new: ProtocolSpec, m: Membership, now: float) -> None:
-        """Put ``new`` in force (``begin``'s effect has run; the same rule is in force already)."""
+    def complete(self, sw: Pending, old: ProtocolSpec, b: Batches, step_s: float, version: int,
+                 now: float) -> list[Action]:
+        """Put ``sw.new`` in force after ``begin``'s effect has run (the same rule is in force already),
+        rescale for it (``b``: the batches now) and record the switch from ``old`` (``step_s``: a worker's
+        normal step, for the overhead figure)."""
+        new = sw.new
         if self.spec is not new:
             previous, self.spec, self.protocol = self.protocol, new, make_protocol(new)
-            self.protocol.enter(previous, m, now)
-
-    def note(self, old: ProtocolSpec, reason: str, policy: str, decided_at: float, step_s: float,
-             version: int) -> Record:
-        """Record a completed switch from ``old`` (after ``rescaled``)."""
-        new = self.spec
+            self.protocol.enter(previous, self.members, now)
+        out: list[Action] = [*self.rescaled(b, self.on_switch.optimizer_state if old.name != new.name else "keep")]
         if old.name != new.name:
-            self.switches.append(SwitchRecord(decided_at, new.name, step_s))
+            self.switches.append(SwitchRecord(sw.decided_at, new.name, step_s))
             self.switched_at = version
             self.restore = restore_factor(self.momentum, self.configured_momentum) \
                 if self.on_switch.momentum == "asynchrony" else 1.0
         before = old.model_dump()
-        return Record("switch" if old.name != new.name else "reconfigure", {
-            "version": version, "reason": reason, "policy": policy, "lr_scale": self.lr_scale,
+        return out + [Record("switch" if old.name != new.name else "reconfigure", {
+            "version": version, "reason": sw.reason, "policy": sw.policy, "lr_scale": self.lr_scale,
             "momentum": self.momentum, "from": old.name, "to": new.name,
-            "changed": {k: v for k, v in new.model_dump().items() if before[k] != v}})
+            "changed": {k: v for k, v in new.model_dump().items() if before[k] != v}})]
 
-    def rescaled(self, b: Batches, state: str = "keep") -> SetOptimizer | None:
-        """The scale and momentum for the protocol in force, set absolutely, if they changed."""
+    def rescaled(self, b: Batches, state: str = "keep") -> list[SetOptimizer]:
+        """The scale and momentum for the protocol in force (``b``: the batches now), set absolutely, if they
+        changed (``rescale``)."""
         scale, momentum = rescaled(self.protocol, self.reference, self.on_switch, self.configured_momentum, b)
         if math.isclose(scale, self.lr_scale, rel_tol=1e-12) and momentum == self.momentum and state == "keep":
-            return None
+            return []
         self.lr_scale, self.momentum = scale, momentum
-        return SetOptimizer(scale, momentum if self.configured_momentum else None, state, self.on_switch.state_scale)
+        return [SetOptimizer(scale, momentum if self.configured_momentum else None, state, self.on_switch.state_scale)]
+
+    def remeasured(self, b: Batches) -> list[SetOptimizer]:
+        """After updates: ``rescaled`` again if the protocol in force measures its batch (``measures_batch``),
+        so that its learning rate follows the batches measured (``b``: the batches now)."""
+        return self.rescaled(b) if self.protocol.measures_batch else []
 
     def state_dict(self, now: float) -> dict[str, Any]:
         p = self.pending
         return {"spec": self.spec.model_dump(), "protocol": self.protocol.state_dict(now),
                 "lr_scale": self.lr_scale, "momentum": self.momentum,
-                "pending": None if p is None else [p[0].model_dump(), p[1], p[2], p[3] - now],
+                "pending": None if p is None else [p.new.model_dump(), p.reason, p.policy, p.decided_at - now],
                 "switched_at": self.switched_at, "restore": self.restore,
                 "switches": [[s.decided_at - now, s.to, s.step_s, None if s.first_update_at is None
                               else s.first_update_at - now] for s in self.switches],
                 "update_times": [[t - now, p] for t, p in self.update_times]}
 
-    def load_state_dict(self, d: dict[str, Any], m: Membership, now: float) -> None:
+    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
+        """(After the lifecycle's: the protocol enters the membership it restored.)"""
         self.spec = ProtocolSpec.model_validate(d["spec"])
         self.protocol = make_protocol(self.spec)
-        self.protocol.enter(None, m, now)
+        self.protocol.enter(None, self.members, now)
         self.protocol.load_state_dict(d["protocol"], now)
         self.lr_scale, self.momentum = d["lr_scale"], d["momentum"]
         p = d["pending"]
-        self.pending = None if p is None else (ProtocolSpec.model_validate(p[0]), p[1], p[2], now + p[3])
+        self.pending = None if p is None else Pending(ProtocolSpec.model_validate(p[0]), p[1], p[2], now + p[3])
         self.switched_at, self.restore = d["switched_at"], d["restore"]
         self.switches = [SwitchRecord(now + at, to, step_s, None if first is None else now + first)
                          for at, to, step_s, first in d["switches"]]
