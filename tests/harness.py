@@ -106,7 +106,7 @@ class Harness:
         p = Push(self._ids, worker, version, samples, 0.0, self.now, step=step, session=session)
         self.pushed[p.id] = samples
         self.grads[p.id] = grad
-        if self.rec is not None and not self.core.receipts.seen(p):  # a retry's step is recorded once
+        if self.rec is not None and not self.core.is_retry(p):  # a retry's step is recorded once
             self.rec.step(worker, version, samples, report)
         self.run(self.core.push(p, report, self.now))
         return p.id

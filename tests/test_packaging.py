@@ -91,7 +91,7 @@ def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
 
 def test_the_protocol_core_has_no_io_and_no_threads():
     core = [f"core/{p.stem}" for p in (PS / "core").glob("*.py")]
-    assert len(core) >= 6, core
+    assert len(core) >= 5, core  # __init__, machine and the three parts
     for name in (*core, "protocols", "events", "observer", "rescale"):
         imports = _own_imports(PS / f"{name}.py")
         tree = ast.parse((PS / f"{name}.py").read_text())

@@ -282,7 +282,7 @@ class ParameterServer:
         if self.link is not None:
             await self.link.inbound.transfer(self.store.nbytes)
             p.arrived = self.clock()  # the PS has the gradient only once it has crossed the link
-        if not self.core.receipts.seen(p):  # a retry's step is recorded once
+        if not self.core.is_retry(p):  # a retry's step is recorded once
             self.rec.step(p.worker, p.base_version, p.samples, report)
         released = self._held[p.id] = asyncio.get_running_loop().create_future()
         self._grads[p.id] = grad

@@ -2,14 +2,13 @@
 
 Its parts, one module each, own their state and save it themselves (``state_dict``/``load_state_dict``):
 - ``machine``: ``Core`` (import it from there), the event loop of the core: the version, the sample
-  count, running the effects of the protocol in force; its checkpoint is its parts' states together
+  count, running the effects of the protocol in force, and its ``Outbox`` (what the event in hand
+  tells the driver, and the ids it gives aggregates); its checkpoint is its parts' states together
   (each a ``Part``). The parts return records, actions and effects; none calls back into the core;
-- ``lifecycle``: membership, the start and the end of training, whether the run resumed after a crash;
+- ``lifecycle``: membership, the start and the end of training, whether the run resumed after a crash,
+  what each worker's work orders allow its next push to claim (``Orders``), and which pushes arrived,
+  so a resent one is never applied twice (``Receipts``);
 - ``switching``: the protocol in force, a switch decided, waiting for its round and made, the
   learning-rate scale and momentum and the ramp after a switch, the switch records;
 - ``consulting``: the policy, when it is asked, what it sees, the batches it set;
-- ``orders``: what each worker's work orders allow its next push to claim;
-- ``receipts``: which pushes arrived, so a resent one is never applied twice;
-- ``outbox``: what the event in hand tells the driver (its actions, the replies it releases), and the
-  ids it gives aggregates.
 """
