@@ -16,7 +16,7 @@ from switchps.ps_server.events import (
     Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport,
 )
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.sums import Sums
+from switchps.ps_server.model import Sums
 
 G = np.float32
 
@@ -41,7 +41,7 @@ class Harness:
         self.log: list[Action] = []  # every action, in order
         self.steps: dict[int, int] = {}  # per worker, its next step number (for scripts that name pushes)
         self.grads: dict[int, np.ndarray] = {}
-        self.sums = Sums(self.freed.append)
+        self.sums = Sums()
         self.core = Core(ProtocolSpec(**{"name": "bsp", "batch": 8, **(protocol or {})}),
                          TrainSpec(**(train or {"steps": 10_000})), workers,
                          startup_timeout_s=5.0, on_switch=SwitchSpec(**(on_switch or {})), momentum=momentum,
@@ -71,7 +71,9 @@ class Harness:
             self.rec.start(self.core.started_at)
         for a in actions:
             if isinstance(a, Join):
-                self.sums.join(a.aggregate_id, self.grads.pop(a.push_id))
+                freed = self.sums.join(a.aggregate_id, self.grads.pop(a.push_id))
+                if freed is not None:
+                    self.freed.append(freed)
             elif isinstance(a, Free):
                 self.freed.append(self.grads.pop(a.push_id))
             elif isinstance(a, Apply):

@@ -1,4 +1,4 @@
-"""The model the PS holds: flat float32 values, optimizer, version.
+"""The model the PS holds: flat float32 values, optimizer, version, and the open aggregates' sums.
 
 Values live in one contiguous float32 vector; the layout maps it back to
 named variables: the trainable parameters first, which the optimizer
@@ -35,7 +35,6 @@ from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, tri
 from switchps.protos.layout import trainable_size
 from switchps.refusals import Rejected, invalid, precondition
 from switchps.ps_server.optimizers import Optimizer
-from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")
 TRIM_DELAY_S = 0.5
@@ -188,6 +187,42 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+class Sums:
+    """The open aggregates' gradient sums, by the aggregate ids of the core's ``Join`` actions.
+
+    The core decides which pushes form an update; ``Sums`` holds the arrays. The first push to join an
+    aggregate lends it its buffer (no copy), later ones are added into it in place, in the order the core
+    joined them (so results are bit-identical to summing as they arrived), and ``join`` hands their
+    buffers back for reuse; ``take`` hands an aggregate's sum to the update that consumes it. Memory is
+    one buffer per open aggregate plus the pushes not yet joined.
+
+    Concurrency: not thread-safe. ``ModelStore`` calls it only from its applier thread, in queue order;
+    the test harness and a simulator call it directly.
+    """
+
+    def __init__(self) -> None:
+        self.open: dict[int, np.ndarray] = {}
+
+    def join(self, aggregate_id: int, grad: np.ndarray) -> np.ndarray | None:
+        """Add ``grad`` into the aggregate's sum; returns ``grad`` when its buffer is free again."""
+        total = self.open.get(aggregate_id)
+        if total is None:
+            self.open[aggregate_id] = grad
+            return None
+        np.add(total, grad, out=total)
+        return grad
+
+    def take(self, aggregate_id: int) -> np.ndarray:
+        return self.open.pop(aggregate_id)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the open sums (they go on changing after a checkpoint is taken)."""
+        return {str(a): total.copy() for a, total in self.open.items()}
+
+    def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
+        self.open = {int(a): np.array(total, np.float32) for a, total in d.items()}
+
+
 @dataclass
 class _Update:
     aggregate_id: int
@@ -218,7 +253,7 @@ class ModelStore:
         self.initialized = False
         self.version = 0  # the newest version: its update may still be in the applier's queue
         self._latest = Snapshot.of(0, self.values, chunk_bytes)
-        self.sums = Sums(self.recycle)  # the open aggregates' sums: the applier's alone
+        self.sums = Sums()  # the open aggregates' sums: the applier's alone
         self._queue: queue.SimpleQueue[_Update | Callable[[], None]] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
@@ -246,7 +281,12 @@ class ModelStore:
 
     def join(self, aggregate_id: int, grad: np.ndarray) -> None:
         """Queue a push's gradient to be added into an aggregate's sum (``sums``), in order with the updates."""
-        self._enqueue(partial(self.sums.join, aggregate_id, grad))
+        self._enqueue(partial(self._join, aggregate_id, grad))
+
+    def _join(self, aggregate_id: int, grad: np.ndarray) -> None:
+        freed = self.sums.join(aggregate_id, grad)
+        if freed is not None:
+            self.recycle(freed)
 
     def submit(self, aggregate_id: int, samples: int, contributors: int = 1, lr_factor: float = 1.0,
                on_applied: Callable[[float], None] | None = None) -> Snapshot:
