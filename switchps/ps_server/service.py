@@ -87,6 +87,7 @@ class ParameterServer:
         self._started_async: asyncio.Event | None = None
         self._logged: dict[str, float] = {}  # kind of rejection -> when a line about it was last logged
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
+        self._checkpoint_soon = False
         self.guard: Guard | None = None  # set by ``server.Server`` when the PS has a secret
 
     # ---- driving the core -----------------------------------------------------------------------
@@ -133,10 +134,17 @@ class ParameterServer:
                 self._started_async.set()
         if core.done:
             self.finished.set()
-        elif self.checkpointer is not None and core.started_at is not None and \
-                self.checkpointer.due(core.version, self.clock()):
-            self.checkpointer.take(self.clock())
+        elif self.checkpointer is not None and core.started_at is not None and not self._checkpoint_soon:
+            self._checkpoint_soon = True  # once per turn of the loop, after the event's handler
+            asyncio.get_running_loop().call_soon(self._maybe_checkpoint)
         self._arm(core.next_timer())
+
+    def _maybe_checkpoint(self) -> None:
+        """Take a checkpoint if one is due: between events, in a callback of its own, not in a handler."""
+        self._checkpoint_soon = False
+        if self.checkpointer is not None and not self.core.done and \
+                self.checkpointer.due(self.core.version, self.clock()):
+            self.checkpointer.take(self.clock())
 
     def _arm(self, at: float | None) -> None:
         if at == self._timer_at:
