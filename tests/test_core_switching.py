@@ -222,7 +222,7 @@ def test_schedule_policy_switches_at_its_fraction_and_the_overhead_is_recorded()
 
 
 def test_a_normal_step_counts_communication_but_not_barrier_waits():
-    from switchps.ps_server.observer import normal_step_s
+    from switchps.ps_server.core.consulting import normal_step_s
 
     h = Harness(workers=2, protocol={"name": "asp"})
     # the push took 0.5 s to answer, 0.4 s of it waiting for the round: 0.1 s of communication

@@ -92,7 +92,7 @@ def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
 def test_the_protocol_core_has_no_io_and_no_threads():
     core = [f"core/{p.stem}" for p in (PS / "core").glob("*.py")]
     assert len(core) >= 5, core  # __init__, machine and the three parts
-    for name in (*core, "protocols", "events", "observer", "rescale"):
+    for name in (*core, "protocols", "events", "rescale"):
         imports = _own_imports(PS / f"{name}.py")
         tree = ast.parse((PS / f"{name}.py").read_text())
         third = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
