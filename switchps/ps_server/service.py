@@ -38,11 +38,10 @@ from prometheus_client import Counter, Gauge
 
 from switchps.auth import authorize_worker
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import PayloadWriter, aencode, encode
+from switchps.protos.codec import PayloadWriter, aencode, decode, encode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.frames import decode, fill, first_frame, one, parse
 from switchps.ps_server.guard import Guard
 from switchps.ps_server.events import (
     Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
@@ -233,8 +232,7 @@ class ParameterServer:
         yield next(encode(pb.InitReply(order=_order(self.core.work_order()))))
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
-        frames = self._frames(ctx)
-        header, first = decode(await first_frame(frames), pb.InitHeader)
+        header, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.InitHeader)
         self._as_worker(ctx, header.worker, "Init")
         layout = self.layout
         if layout is None:
@@ -247,7 +245,7 @@ class ParameterServer:
             raise invalid("size", f"initial values declare {header.nbytes} bytes, the layout has "
                                   f"{layout_size(layout) * 4}")
         async with self.store.buffers.receiving(self.receive_timeout_s, layout_size(layout)) as values:
-            if not await fill(PayloadWriter(values, check_finite=True), first, frames, ctx):
+            if not await fill(PayloadWriter(values, check_finite=True), first, ctx, self.receive_timeout_s):
                 raise invalid("non_finite", "initial values are not finite")
         return header.worker, layout, values
 
@@ -271,17 +269,17 @@ class ParameterServer:
 
     async def push(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """A push as a stream of frames (models larger than one frame), read with ``ctx.read``."""
-        async for frame in self._push(self._frames(ctx), ctx):
+        async for frame in self._push(ctx):
             yield frame
 
     async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         """A push whose payload and reply each fit in one frame (models up to INLINE_BYTES)."""
-        return b"".join([f async for f in self._push(one(frame), ctx, stream=False)])
+        return b"".join([f async for f in self._push(ctx, frame)])
 
-    async def _push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
-                    stream: bool = True) -> AsyncIterator[bytes]:
+    async def _push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None = None) -> AsyncIterator[bytes]:
+        """A push read from ``ctx`` (streamed), or ``whole`` in one frame (``PushSmall``)."""
         try:
-            p, report, grad = await self._receive_push(frames, ctx, stream)
+            p, report, grad = await self._receive_push(ctx, whole)
         except Rejected as r:
             await self._reject(ctx, "push", r)
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
@@ -303,16 +301,18 @@ class ParameterServer:
         async for frame in self._send(reply, snapshot, p.worker):
             yield frame
 
-    async def _receive_push(self, frames: AsyncIterator[bytes], ctx: grpc.aio.ServicerContext,
-                            stream: bool) -> tuple[Push, StepReport, np.ndarray]:
+    async def _receive_push(self, ctx: grpc.aio.ServicerContext,
+                            whole: bytes | None) -> tuple[Push, StepReport, np.ndarray]:
         """Validate a push and read it to the end of its stream; the core sees it only if this returns."""
-        h, first = decode(await first_frame(frames), pb.PushHeader)
+        timeout_s = None if whole is not None else self.receive_timeout_s  # None: no frames follow
+        h, first = decode(whole if whole is not None else await first_frame(ctx, self.receive_timeout_s),
+                          pb.PushHeader)
         self._as_worker(ctx, h.worker, "Push")
         self.store.check(h.layout_digest, h.nbytes)
         report = _report(h.stats)
         self.core.check_push(h.worker, h.samples, h.base_version, report, self.clock(), h.session)
         async with self.store.buffers.receiving(self.receive_timeout_s) as grad:
-            if not await fill(PayloadWriter(grad, check_finite=True), first, frames, ctx, stream):
+            if not await fill(PayloadWriter(grad, check_finite=True), first, ctx, timeout_s):
                 raise invalid("non_finite", "gradient has NaN or inf values")
         return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
                     step=report.step, session=h.session), report, grad
@@ -335,17 +335,6 @@ class ParameterServer:
             yield frame
 
     # ---- frames and rejections ----------------------------------------------------------------
-
-    async def _frames(self, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """The request frames, each within ``receive_timeout_s``, until the client half-closes."""
-        while True:
-            try:
-                frame = await asyncio.wait_for(ctx.read(), self.receive_timeout_s)
-            except asyncio.TimeoutError:
-                raise Rejected("DEADLINE_EXCEEDED", "idle", f"no frame within {self.receive_timeout_s:g}s") from None
-            if frame is grpc.aio.EOF:
-                return
-            yield frame
 
     async def _reject(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> NoReturn:
         self.count_rejection(rpc, r)
@@ -376,7 +365,7 @@ class ParameterServer:
     def handler(self) -> grpc.GenericRpcHandler:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
         return grpc.method_handlers_generic_handler(SERVICE, {
-            # control requests are parsed by their handlers (``frames.parse``), so garbage is refused, counted
+            # control requests are parsed by their handlers (``codec.parse``), so garbage is refused, counted
             "Register": grpc.unary_unary_rpc_method_handler(
                 self.register, None, pb.RegisterReply.SerializeToString),
             "Status": grpc.unary_unary_rpc_method_handler(self.status, None, pb.Status.SerializeToString),
