@@ -167,7 +167,9 @@ def test_switchps_run_restarts_a_killed_ps_and_the_workers_ride_it_out(tmp_path,
     assert len(pushes) == len(set(pushes)), "no push applied twice"
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     (resumed,) = [e for e in events if e["event"] == "resumed"]
-    assert 0 <= resumed["lost_updates"] <= 25 + 5, "at most the checkpoint interval (and the unflushed tail)"
+    # The interval, plus the updates applied while the newest checkpoint was being written (a checkpoint
+    # falling due meanwhile is deferred until that write ends), plus the unflushed tail of ps.csv.
+    assert 0 <= resumed["lost_updates"] <= 2 * 25 + 5, "at most what the documented interval allows"
     serving = [e["address"] for e in events if e["event"] == "ps_serving"]
     assert serving == 2 * [(run_dir / "ps.address").read_text().strip()], "the PS came back on its port"
     assert "ps exited with code -9; restarting it (1 of 3)" in err
