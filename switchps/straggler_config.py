@@ -162,10 +162,34 @@ class CommDelaySpec(Section):
         return self
 
 
+class ShiftedExponentialSpec(Section):
+    """The AMB paper's compute-time model: a sleep of c + Exp(mu) per worker per step, before computing.
+
+    With a device of negligible compute (a huge ``device.samples_per_s``) a step takes c + Exp(mu).
+    """
+
+    shift_s: float = Field(0.0, ge=0)
+    """c, the deterministic part of every draw."""
+    rate_per_s: float = Field(gt=0)
+    """mu, the exponential part's rate: its mean is 1 / mu seconds."""
+    workers: list[int] | None = None
+    """Only these workers straggle (default: all)."""
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: list[int] | None) -> list[int] | None:
+        return _check_indices(v, "workers")
+
+
+KINDS = ("mixture", "shifted_exponential", "slowdown", "transient", "comm_delay")
+"""The straggler kinds a run can combine (``trace`` replaces them all)."""
+
+
 class StragglerSpec(Section):
     """Which stragglers to inject; all kinds combine. ``trace`` replays a recording instead."""
 
     mixture: MixtureSpec | None = None
+    shifted_exponential: ShiftedExponentialSpec | None = None
     slowdown: SlowdownSpec | None = None
     transient: TransientSpec | None = None
     comm_delay: CommDelaySpec | None = None
@@ -175,7 +199,7 @@ class StragglerSpec(Section):
     @model_validator(mode="after")
     def _trace_alone(self) -> StragglerSpec:
         if self.trace is not None:
-            others = [k for k in ("mixture", "slowdown", "transient", "comm_delay") if getattr(self, k) is not None]
+            others = [k for k in KINDS if getattr(self, k) is not None]
             if others:
                 raise ValueError(f"trace replays a recording; remove {', '.join(others)}")
         return self

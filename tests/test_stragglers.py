@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from switchps.config import ConfigError, parse_config
 from switchps.straggler_trace import TRACE_COLUMNS, StepDelays, load_trace
 from switchps.straggler_config import (
-    CommDelaySpec, MixtureSpec, SlowdownSpec, StragglerSpec, TransientSpec, expected_mixture_mean,
+    CommDelaySpec, MixtureSpec, ShiftedExponentialSpec, SlowdownSpec, StragglerSpec, TransientSpec,
+    expected_mixture_mean,
 )
 from switchps.worker.stragglers import StragglerInjector
 
@@ -112,6 +114,14 @@ class Run(BaseModel):
     ({"comm_delay": {"fixed_s": 0.01, "sigma_s": 0.01}}, "stragglers.comm_delay", "exactly one"),
     ({"slowdown": {"factors": {0: 0.5}}}, "stragglers.slowdown.factors", "factor must be >= 1"),
     ({"trace": "x.csv", "mixture": {"preset": "cedar"}}, "stragglers", "remove mixture"),
+    ({"trace": "x.csv", "shifted_exponential": {"rate_per_s": 1}}, "stragglers", "remove shifted_exponential"),
+    ({"shifted_exponential": {"shift_s": 1}}, "stragglers.shifted_exponential.rate_per_s", "Field required"),
+    ({"shifted_exponential": {"rate_per_s": 0}}, "stragglers.shifted_exponential.rate_per_s", "greater than 0"),
+    ({"shifted_exponential": {"rate_per_s": 1, "shift_s": -0.1}}, "stragglers.shifted_exponential.shift_s",
+     "greater than or equal to 0"),
+    ({"shifted_exponential": {"rate_per_s": 1, "workers": [2, 2]}}, "stragglers.shifted_exponential.workers",
+     "must not repeat"),
+    ({"shifted_exponential": {"rate_per_s": 1, "mean_s": 1}}, "stragglers.shifted_exponential.mean_s", "Extra"),
     ({"tail": 1}, "stragglers.tail", "Extra inputs"),
 ])
 def test_bad_specs_raise(raw: dict, loc: str, needle: str) -> None:
@@ -255,3 +265,66 @@ def test_trace_errors(tmp_path: Path) -> None:
     bad.write_text("worker,step,sleep_s\n0,0,1.0\n")
     with pytest.raises(ValueError, match="factor, comm_s"):
         load_trace(bad)
+
+
+# ---- shifted exponential: c + Exp(mu) per worker per step -----------------------------------------------
+
+SHIFTED = ShiftedExponentialSpec(shift_s=0.25, rate_per_s=4.0)
+
+
+def test_shifted_exponential_statistics() -> None:
+    """Over N steps the mean of Exp(mu) has sd 1/(mu sqrt N) (1 %) and the variance about sqrt(8/N) (3 %)."""
+    x = sleeps(StragglerSpec(shifted_exponential=SHIFTED)) - 0.25
+    assert (x > 0).all()
+    assert x.mean() == pytest.approx(1 / 4.0, rel=0.04)
+    assert x.var() == pytest.approx(1 / 4.0**2, rel=0.12)
+    assert np.median(x) == pytest.approx(np.log(2) / 4.0, rel=0.05)  # the shape, not only two moments
+
+
+def test_shifted_exponential_is_a_pure_function_of_seed_worker_step() -> None:
+    spec = StragglerSpec(shifted_exponential=SHIFTED)
+    seq = plans(spec, n=50)
+    assert seq == plans(spec, n=50)
+    inj = StragglerInjector(spec, seed=7, worker=0, num_workers=4)
+    assert [inj.plan(k, 99.0) for k in (40, 3, 3, 17)] == [seq[40], seq[3], seq[3], seq[17]]
+    assert [p.sleep_s for p in plans(spec, worker=1, n=50)] != [p.sleep_s for p in seq]
+    assert [p.sleep_s for p in plans(spec, seed=8, n=50)] != [p.sleep_s for p in seq]
+    assert all(p.factor == 1.0 and p.comm_s == 0.0 for p in seq)
+
+
+def test_shifted_exponential_leaves_other_draws_alone() -> None:
+    """Its own stream: enabling it changes no other kind's draws, and they change none of its."""
+    mix, comm = MixtureSpec(preset="niagara"), CommDelaySpec(sigma_s=0.03)
+    alone = [p.sleep_s for p in plans(StragglerSpec(shifted_exponential=SHIFTED))]
+    before = plans(StragglerSpec(mixture=mix, comm_delay=comm))
+    after = plans(StragglerSpec(mixture=mix, comm_delay=comm, shifted_exponential=SHIFTED))
+    assert [p.comm_s for p in after] == [p.comm_s for p in before]
+    assert [p.sleep_s for p in after] == [m.sleep_s + e for m, e in zip(before, alone)]
+
+
+def test_shifted_exponential_only_for_listed_workers() -> None:
+    spec = StragglerSpec(shifted_exponential=ShiftedExponentialSpec(rate_per_s=1.0, workers=[2]))
+    assert not sleeps(spec, worker=0, n=100).any()
+    assert (sleeps(spec, worker=2, n=100) > 0).all()
+    with pytest.raises(ValueError, match=r"worker\(s\) \[2\]"):
+        StragglerInjector(spec, seed=0, worker=0, num_workers=2)
+    assert ShiftedExponentialSpec(rate_per_s=2.0).shift_s == 0.0
+
+
+def test_shifted_exponential_trace_replays_exactly(tmp_path: Path) -> None:
+    spec = StragglerSpec(shifted_exponential=SHIFTED, mixture=MixtureSpec(preset="cedar"))
+    path = tmp_path / "stragglers.csv"
+    recorded = write_trace(path, spec, steps=30, num_workers=3)
+    for w in range(3):
+        replay = StragglerInjector(StragglerSpec(trace=str(path)), seed=0, worker=w, num_workers=3)
+        assert [replay.plan(k, 0.0) for k in range(30)] == [recorded[w, k] for k in range(30)]
+
+
+def test_shifted_exponential_config_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"stragglers": {"shifted_exponential": {"shift_s": -1, "rate_per_s": 0}}})
+    assert [p.split(":")[0] for p in info.value.problems] == [
+        "stragglers.shifted_exponential.shift_s", "stragglers.shifted_exponential.rate_per_s"]
+    cfg = parse_config({"stragglers": {"shifted_exponential": {"shift_s": 0.5, "rate_per_s": 2}}})
+    assert cfg.stragglers.active and cfg.stragglers.shifted_exponential == ShiftedExponentialSpec(shift_s=0.5,
+                                                                                                   rate_per_s=2)

@@ -1,9 +1,12 @@
 """Straggler injection: decides, per worker step, how long to sleep and how much to slow down.
 
-Everything here is pure and seeded; the worker loop does the sleeping. Four kinds compose:
+Everything here is pure and seeded; the worker loop does the sleeping. Five kinds compose:
 
 * ``mixture``: an i.i.d. sleep per worker per step drawn from an AMB-style Gaussian mixture,
   slept inside the step's time budget (so under AMB a straggler contributes fewer samples).
+* ``shifted_exponential``: an i.i.d. sleep of c + Exp(mu) per worker per step (the AMB paper's
+  compute-time model), slept like the mixture's and added to it; with a device of negligible
+  compute a step takes c + Exp(mu), the model of ``switchps.closed_forms``.
 * ``slowdown``: a persistent per-worker compute slowdown (heterogeneous hardware).
 * ``transient``: Sync-Switch style episodes during which k workers are slowed (or sleep extra).
   The episode list depends on the run seed only, so all workers agree without talking.
@@ -29,7 +32,7 @@ from switchps.straggler_config import StragglerSpec, TransientSpec
 # Stream ids are nonzero: SeedSequence pads short keys with zeros, so the global key
 # (seed, _TRANSIENT) equals (seed, _TRANSIENT, 0, 0) and can never equal a per-step key
 # (seed, worker, stream, step) whose third word is a nonzero stream id.
-_MIXTURE, _COMM, _TRANSIENT = 1, 2, 3
+_MIXTURE, _COMM, _TRANSIENT, _SHIFTED_EXP = 1, 2, 3, 4
 
 
 class StragglerInjector:
@@ -58,6 +61,8 @@ class StragglerInjector:
             self._cum = np.cumsum(probs)
             self._cum[-1] = 1.0
             self._clip = self._mixture.clip_s
+        e = spec.shifted_exponential
+        self._shifted_exp = e if e is not None and (e.workers is None or worker in e.workers) else None
         self._slowdown = spec.slowdown.factors.get(worker, 1.0) if spec.slowdown is not None else 1.0
 
         self._episodes: list[tuple[float, float, tuple[int, ...]]] = []
@@ -71,6 +76,7 @@ class StragglerInjector:
     def _check_workers(self) -> None:
         n, s = self.num_workers, self.spec
         named = [*(s.mixture.workers or ())] if s.mixture else []
+        named += [*(s.shifted_exponential.workers or ())] if s.shifted_exponential else []
         named += list(s.slowdown.factors) if s.slowdown else []
         if s.transient is not None:
             k = s.transient.workers
@@ -130,6 +136,12 @@ class StragglerInjector:
         i = int(np.searchsorted(self._cum, g.random(), side="right"))
         return float(min(abs(self._means[i] + self._stds[i] * g.standard_normal()), self._clip))
 
+    def _shifted_exp_sleep(self, step: int) -> float:
+        e = self._shifted_exp
+        if e is None:
+            return 0.0
+        return float(e.shift_s + self._rng(_SHIFTED_EXP, step).exponential(1.0 / e.rate_per_s))
+
     def _comm(self, step: int) -> float:
         c = self.spec.comm_delay
         if c is None:
@@ -150,6 +162,6 @@ class StragglerInjector:
                 return StepDelays()
             return self._trace.get(step, StepDelays())
         factor, delay = self._transient(t)
-        return StepDelays(sleep_s=self._mixture_sleep(step) + delay,
+        return StepDelays(sleep_s=self._mixture_sleep(step) + self._shifted_exp_sleep(step) + delay,
                           factor=self._slowdown * factor,
                           comm_s=self._comm(step))
