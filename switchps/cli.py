@@ -106,6 +106,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from switchps.launcher import console, summary_table
     from switchps.sim.run import simulate
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where inherited as ignored (a background job)
     try:
         summary = simulate(cfg, run_dir, time_only=args.time_only, quiet=args.quiet)
     except KeyboardInterrupt:

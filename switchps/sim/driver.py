@@ -23,7 +23,7 @@ from switchps.ps_server.model import apply_update
 from switchps.ps_server.optimizers import Optimizer, adjust_optimizer
 from switchps.ps_server.records import RunRecorder
 from switchps.sim.learner import Learner, Score
-from switchps.sim.loop import Loop
+from switchps.sim.loop import Event, Loop
 from switchps.sim.network import Wire
 from switchps.sim.workers import SimWorker, Work
 
@@ -58,7 +58,7 @@ class Simulator:
         self.final: Score | None = None
         self.evaluated = False  # the final evaluation is done
         self._ids = 0
-        self._timer: float | None = None  # when the core's timer is armed
+        self._timer: tuple[float, Event] | None = None  # when the core's timer is armed, and its event
 
     def start(self) -> None:
         """Every worker registers at time 0, the model is initialized, and each worker pulls it."""
@@ -153,16 +153,17 @@ class Simulator:
         self.rec.update(a, opt.last_lr)
 
     def _arm(self) -> None:
-        at = self.core.next_timer()
-        if at != self._timer:
-            self._timer = at
-            if at is not None:
-                self.loop.at(at, self._fire, at)
+        """Schedule the core's timer when it wants it (cancelling the one before, if it moved)."""
+        at, armed = self.core.next_timer(), self._timer
+        if armed is not None and armed[0] == at:
+            return
+        if armed is not None:
+            armed[1].cancel()
+        self._timer = None if at is None else (at, self.loop.at(at, self._fire))
 
-    def _fire(self, at: float) -> None:
-        if at == self._timer:  # else re-armed since
-            self._timer = None
-            self._execute(self.core.timer(self.loop.now))
+    def _fire(self) -> None:
+        self._timer = None
+        self._execute(self.core.timer(self.loop.now))
 
     # ---- evaluation -----------------------------------------------------------------------------
 

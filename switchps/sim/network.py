@@ -7,7 +7,7 @@ from collections import deque
 from typing import Callable
 
 from switchps.ps_server.link import Link
-from switchps.sim.loop import Loop
+from switchps.sim.loop import Event, Loop
 
 
 class Wire:
@@ -18,7 +18,7 @@ class Wire:
     def __init__(self, loop: Loop, link: Link | None, nbytes: int) -> None:
         self.loop, self.link, self.nbytes = loop, link, nbytes
         self._flying: deque[tuple[int, float, Callable[[], None]]] = deque()  # (key, admitted at, on arrival)
-        self._armed = 0  # the generation of the one check event that counts
+        self._check_at: Event | None = None
 
     def send(self, arrived: Callable[[], None]) -> None:
         """Start a transfer now; ``arrived()`` runs when its bytes have crossed."""
@@ -30,14 +30,15 @@ class Wire:
 
     def _arm(self) -> None:
         """Schedule a check at the earliest finish; an admission or completion voids the one before."""
-        self._armed += 1
+        if self._check_at is not None:
+            self._check_at.cancel()
+        self._check_at = None
         if self._flying and self.link is not None:
-            self.loop.at(self.link.finish_time(self._flying[0][0]), self._check, self._armed)
+            self._check_at = self.loop.at(self.link.finish_time(self._flying[0][0]), self._check)
 
-    def _check(self, generation: int) -> None:
+    def _check(self) -> None:
         link = self.link
-        if generation != self._armed or link is None:
-            return
+        assert link is not None
         now = self.loop.now
         link.advance(now)
         done = []
