@@ -112,6 +112,16 @@ def test_the_same_config_gives_byte_identical_records(tmp_path: Path, time_only:
     assert bool(rows(tmp_path / "a", "eval.csv")) is not time_only, "evaluated with a model only"
 
 
+def test_a_recorded_straggler_trace_replays_the_same_run(tmp_path: Path) -> None:
+    base = {"cluster": {"workers": 4}, "protocol": {"name": "asp"}, "train": {"steps": 40}}
+    simulate(config(**base, stragglers={"mixture": {"preset": "niagara", "scale": 0.1}}), tmp_path / "a",
+             time_only=True)
+    simulate(config(**base, stragglers={"trace": str(tmp_path / "a" / "stragglers.csv")}), tmp_path / "b",
+             time_only=True)
+    for table in ("ps.csv", "workers.csv", "stragglers.csv"):
+        assert (tmp_path / "a" / table).read_bytes() == (tmp_path / "b" / table).read_bytes(), table
+
+
 # ---- modes, data and the command line -----------------------------------------------------------
 
 
@@ -219,7 +229,7 @@ def test_a_rounds_gradient_is_the_sum_of_its_workers_gradients() -> None:
     data, model = prepare(cfg)
     real = Real(data, model)
     order = WorkOrder("bsp", 0, 24, 0.0, 8, False)
-    works = [SimWorker(cfg, i, len(data.x_train)).begin(order, 0.0) for i in range(3)]
+    works = [SimWorker(cfg, i, np.arange(len(data.x_train))).begin(order, 0.0) for i in range(3)]
     for w in works:
         real.started(w)
     losses = [real.loss(w) for w in works]

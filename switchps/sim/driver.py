@@ -67,7 +67,8 @@ class Simulator:
             self._execute(core.register(w.index, w.registered, now))
         self.rec.event("model_initialized", worker=0, parameters=int(self.learner.values.size))
         self._execute(core.initialized_at(now))
-        self.rec.start(core.started_at if core.started_at is not None else now)
+        assert core.started_at is not None, "every worker registered and the model is initialized"
+        self.rec.start(core.started_at)
         for w in self.parts.workers:
             order = core.issue(w.index, now)
             self.outbound.send(partial(self._pulled, w, order))

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -49,8 +50,9 @@ def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: b
     loop = Loop()
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, flush_every_s=None, clock=lambda: loop.now)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
+    rows = np.arange(n)
     parts = Parts(build_core(cfg), learner, optimizer_factory(cfg.optimizer)(learner.trainable), rec,
-                  [SimWorker(cfg, i, n) for i in range(cfg.cluster.num_workers)], link)
+                  [SimWorker(cfg, i, rows) for i in range(cfg.cluster.num_workers)], link)
     sim = Simulator(cfg, parts, loop)
     started, interrupted = time.monotonic(), False
     try:

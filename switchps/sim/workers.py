@@ -74,11 +74,12 @@ class Work:
 
 class SimWorker:
     """Worker ``index`` of ``cfg``: its data share, sampler, straggler plan and step counter, as
-    ``worker.main.run_worker`` sets them up, over ``n`` training samples."""
+    ``worker.main.run_worker`` sets them up, over the training set's ``rows`` (``np.arange(n)``, shared by
+    every worker: a share is a view of it)."""
 
-    def __init__(self, cfg: RunConfig, index: int, n: int) -> None:
-        workers = cfg.cluster.num_workers
-        rows = np.arange(n)[share(n, index, workers, cfg.data.sampling)]
+    def __init__(self, cfg: RunConfig, index: int, rows: np.ndarray) -> None:
+        n, workers = len(rows), cfg.cluster.num_workers
+        rows = rows[share(n, index, workers, cfg.data.sampling)]
         self.index, self.registered = index, share_size(n, index, workers)
         self.clock, self.indices = WorkerClock(), Indices()
         sampler = make_sampler(cfg.data.sampling, len(rows), cfg.seed, index)
