@@ -162,6 +162,10 @@ def test_the_command_simulates_and_refuses_a_config_without_a_device_model(tmp_p
     assert good.returncode == 0, good.stderr[-2000:]
     assert good.stdout.strip() == str(tmp_path / "good")
     assert json.loads((tmp_path / "good" / "summary.json").read_text())["updates"] == 3
+    again = subprocess.run([SWITCHPS, "simulate", str(cfg), "--time-only", "--quiet", "--set",
+                            "device.samples_per_s=100", "--run-dir", str(tmp_path / "good")],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds a run" in again.stderr
 
 
 def test_ctrl_c_leaves_a_valid_partial_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,6 +202,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, A
 def test_real_gradients_train_the_model(trained: tuple[Path, dict[str, Any]]) -> None:
     run, s = trained
     assert s["final_test_accuracy"] > 0.9 and s["final_version"] == 150 and not s["time_only"]
+    assert json.loads((run / "summary.json").read_text(), parse_constant=_no_constants) == s
+    for line in (run / "events.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=_no_constants)
     evals = rows(run, "eval.csv")
     # every 2 s of virtual time, then the last version when training ends (150 rounds of 0.16 s)
     assert [float(e["time_s"]) for e in evals[:-1]] == pytest.approx(list(range(0, 25, 2)))

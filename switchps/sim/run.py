@@ -20,11 +20,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from switchps.config import RunConfig
+from switchps.errors import RunDirError
 from switchps.problems import ConfigError
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.runs import build_core, elapsed, prepare_run_dir, run_summary
+from switchps.ps_server.runs import RECORD_FILES, build_core, elapsed, prepare_run_dir, run_summary
 from switchps.sim.driver import Parts, Simulator
 from switchps.sim.learner import Learner, TimeOnly
 from switchps.sim.loop import Loop
@@ -40,8 +41,11 @@ REFRESH_S = 0.2
 def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: bool = True) -> dict[str, Any]:
     """Simulate ``cfg`` to the end, write the run directory ``run_dir`` and return its summary (what
     ``summary.json`` holds). ``time_only``: no model and no TensorFlow (losses 0, no evaluation).
-    Raises ``ConfigError`` before anything starts for a config a simulation cannot run."""
+    Raises ``ConfigError`` before anything starts for a config a simulation cannot run, ``RunDirError``
+    for a ``run_dir`` that holds a run."""
     check(cfg, time_only)
+    if any((run_dir / name).exists() for name in RECORD_FILES):  # a simulation cannot resume one
+        raise RunDirError(f"{run_dir} already holds a run; choose another --run-dir")
     learner, n = _learner(cfg, time_only)
     if cfg.data.sampling == "partition" and cfg.cluster.num_workers > n:
         raise ConfigError(f"data.sampling: {cfg.cluster.num_workers} workers cannot each have a partition of "
