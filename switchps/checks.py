@@ -21,7 +21,7 @@ from switchps.schema import Role
 from switchps.worker.data import DataNotFoundError, locate_files
 from switchps.worker.models import check_model
 
-LOADS_DATA: tuple[Role, ...] = ("run", "worker", "evaluator")
+LOADS_DATA: tuple[Role, ...] = ("run", "worker", "evaluator", "simulate")
 
 
 def _constant(step: int) -> float:

@@ -82,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if resume is not None:
         if args.config:
             raise ConfigError("run: give a config or --resume RUN_DIR (which holds its config), not both")
-        from switchps.ps_server.main import check_resumable
+        from switchps.ps_server.runs import check_resumable
 
         ckpt = check_resumable(resume)
     cfg = load_config(resume / "config.yaml" if resume else args.config, args.set, role="run", checks=PREFLIGHT)
@@ -95,6 +95,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     except LaunchError as e:
         console.print(f"[red]switchps: {e}")
         return 1
+    console.print(summary_table(run_dir, summary))
+    print(run_dir)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set, role="simulate", checks=PREFLIGHT)
+    run_dir = Path(args.run_dir or Path(cfg.output.dir) / cfg.run_dir_name())
+    from switchps.launcher import console, summary_table
+    from switchps.sim.run import simulate
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where inherited as ignored (a background job)
+    try:
+        summary = simulate(cfg, run_dir, time_only=args.time_only, quiet=args.quiet)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"switchps: simulate: interrupted; the partial run is in {run_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     console.print(summary_table(run_dir, summary))
     print(run_dir)
     return 0
@@ -261,6 +279,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
     r.set_defaults(func=cmd_run)
+    sim = with_config("simulate", "simulate a run on a virtual clock: the same core, protocols, policies and "
+                                  "stragglers, with real gradients (needs device.samples_per_s)")
+    sim.add_argument("--time-only", action="store_true", help="no model, no TensorFlow: time, throughput and "
+                                                               "staleness only (losses 0, no evaluation)")
+    sim.add_argument("--run-dir", help="where to write the run record (default: output.dir/<name>-<time>)")
+    sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    sim.set_defaults(func=cmd_simulate)
     s = with_config("ps", "run the parameter server role")
     s.add_argument("--run-dir", help="where to write the run record (default: output.dir/<name>-<time>)")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")

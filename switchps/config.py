@@ -109,6 +109,10 @@ class DataSpec(Section):
     """synthetic (generated in memory): at most 10**7 samples, and 10**4 features and classes."""
     num_features: int = Field(20, gt=0, le=10**4)
     num_classes: int = Field(10, gt=1, le=10**4)
+    sampling: Literal["partition", "replacement"] = "partition"
+    """partition: worker i draws reshuffled epochs of every N-th sample; replacement: each worker draws
+    from the whole training set with replacement (seeded per worker), for more workers than a partition
+    of the data can feed (1,024 workers on digits)."""
 
     @field_validator("name")
     @classmethod

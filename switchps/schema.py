@@ -33,8 +33,9 @@ MAX_SEED = 2**32 - 1
 MAX_THREADS = 256
 """TensorFlow op threads per process."""
 
-Role = Literal["run", "ps", "worker", "evaluator"]
-"""The command validating: ``run`` checks everything before the launcher starts a process."""
+Role = Literal["run", "ps", "worker", "evaluator", "simulate"]
+"""The command validating: ``run`` checks everything before the launcher starts a process; ``simulate``
+loads the data and the model but opens no connection."""
 
 
 class Checks(Protocol):

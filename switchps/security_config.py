@@ -47,8 +47,9 @@ class TLSSpec(Section):
     def role_problems(self, role: str | None, ps_host: str) -> list[Problem]:
         """The files ``role`` needs that are missing or unreadable, then what a handshake would refuse in
         those it can read (``switchps.tls_checks``); ``ps_host`` is the host clients dial, which the
-        server certificate must name (checked by the roles that serve with it: ``run`` and ``ps``)."""
-        if role is None:
+        server certificate must name (checked by the roles that serve with it: ``run`` and ``ps``). A
+        simulation opens no connection and needs none."""
+        if role is None or role == "simulate":
             return []
         serves = role in ("run", "ps")
         needed = ["ca"] + (["cert", "key"] if serves else [])
@@ -103,7 +104,7 @@ class SecuritySpec(Section):
         """What stops the command ``role`` from starting: its secret is missing, or its TLS files are
         missing or would fail the handshake with the PS at ``ps_host``."""
         problems = under("tls", self.tls.role_problems(role, ps_host)) if self.tls is not None else []
-        if self.secret_env is not None and role is not None and not os.environ.get(self.secret_env):
+        if self.secret_env is not None and role not in (None, "simulate") and not os.environ.get(self.secret_env):
             problems.append(("secret_env", f"the environment variable {self.secret_env} is not set"))
         if self.secret_file is None and self.secret_env is None and not self.insecure and role in SECRET_ROLES:
             problems.append(("", "no run secret: set security.secret_file or security.secret_env (the same on "

@@ -97,7 +97,11 @@ class Link:
                 pass
             self.advance(time.monotonic())
         self._wake()
-        self.delay_s += max(0.0, time.monotonic() - start - nbytes / self.rate)
+        self.note_done(start, time.monotonic(), nbytes)
+
+    def note_done(self, started: float, now: float, nbytes: int) -> None:
+        """A transfer of ``nbytes`` admitted at ``started`` is done at ``now``: count its sharing delay."""
+        self.delay_s += max(0.0, now - started - nbytes / self.rate)
 
     def _wake(self) -> None:
         for w in self._waiters:

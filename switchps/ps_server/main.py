@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import start_http_server
 
@@ -13,45 +13,28 @@ from switchps.address import publish, published, reachable, split
 from switchps.channels import server_security
 from switchps.config import RunConfig
 from switchps import resources
-from switchps.errors import RunDirError
 from switchps.resources import ResourceSampler
-from switchps.resume_rules import refuse_incompatible
-from switchps.policies.registry import make_policy
-from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import Checkpoint
 from switchps.ps_server.checkpointer import Checkpointer, Parts, record_position, restore
-from switchps.ps_server.core.machine import Core
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore
-from switchps.ps_server.optimizers import Optimizer, configured_momentum, make_optimizer
-from switchps.ps_server.overhead import switch_overheads
+from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.records import PS_COLUMNS, RunRecorder
-from switchps.ps_server.schedules import make_schedule
+from switchps.ps_server.runs import build_core, prepare_run_dir, run_summary
 from switchps.ps_server.server import Server
 from switchps.ps_server.service import ParameterServer
 
 log = logging.getLogger("switchps.ps")
 STOP_GRACE_S = 15.0
-RECORD_FILES = ("ps.csv", "events.jsonl", "summary.json", "checkpoints")
-"""A directory holding any of these holds a run, which a new PS must not overwrite."""
-
-
-def optimizer_factory(cfg: RunConfig) -> Callable[[int], Optimizer]:
-    o = cfg.optimizer
-    schedule = make_schedule(o.schedule.kind, o.learning_rate,
-                             **o.schedule.model_dump(exclude={"kind"}, exclude_none=True))
-    return lambda size: make_optimizer(o.name, size, schedule, **o.params)
 
 
 def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) -> ParameterServer:
     """The PS for ``cfg``: a core, a model store and a run record, driven by the gRPC service; with
     ``resume``, continued from that checkpoint."""
     # Each worker has one push in flight, and may resend it while the PS still reads the first.
-    store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes, receive_slots=cfg.cluster.num_workers + 1)
-    p = cfg.policy
-    core = Core(cfg.protocol, cfg.train, cfg.cluster.num_workers, startup_timeout_s=cfg.cluster.startup_timeout_s,
-                on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),
-                policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window)
+    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes,
+                       receive_slots=cfg.cluster.num_workers + 1)
+    core = build_core(cfg)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
     clock = time.monotonic  # the core's times and the record's are on the driver's one clock
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, resume=record_position(resume.state) if resume else None,
@@ -69,35 +52,6 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
         if resume is not None:
             ps.checkpointer.last_version = resume.version
     return ps
-
-
-def check_resumable(run_dir: Path) -> Checkpoint | None:
-    """The checkpoint to resume ``run_dir`` from; None if the run never started training (no checkpoint,
-    no update recorded), which then starts afresh. Raises ``RunDirError`` for anything else."""
-    if not (run_dir / "config.yaml").is_file():
-        raise RunDirError(f"{run_dir} is not a run directory (no config.yaml)")
-    ckpt = checkpoint.latest(run_dir / "checkpoints")
-    ps_csv = run_dir / "ps.csv"
-    if ckpt is None and (checkpoint.files(run_dir / "checkpoints") or
-                         (ps_csv.exists() and len(ps_csv.read_text().splitlines()) > 1)):
-        raise RunDirError(f"{run_dir} has no readable checkpoint to resume from")
-    return ckpt
-
-
-def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> Checkpoint | None:
-    """A new run directory (refusing to reuse one that holds a run), or the checkpoint to resume from
-    (refusing a config that changes what it was made with: ``ConfigError``)."""
-    if resume:
-        ckpt = check_resumable(run_dir)
-        if ckpt is not None:
-            refuse_incompatible(run_dir, ckpt, cfg)
-            return ckpt
-    elif any((run_dir / name).exists() for name in RECORD_FILES):
-        raise RunDirError(f"{run_dir} already holds a run; resume it with --resume {run_dir}, "
-                          "or choose another --run-dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.dump())
-    return None
 
 
 def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any]:
@@ -120,7 +74,10 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
         ps.checkpointer.take(time.monotonic())
         ps.checkpointer.close(120)
     sampler.stop()
-    return ps.rec.close({**_summary(cfg, ps), "resources": resources.summary(run_dir / "resources.csv")})
+    summary = run_summary(cfg, ps.core, ps.rec, time.monotonic(), final=ps.final_eval, link=ps.link,
+                          told_stop=ps.told_stop,
+                          checkpoints=ps.checkpointer.stats.summary() if ps.checkpointer else None)
+    return ps.rec.close({**summary, "resources": resources.summary(run_dir / "resources.csv")})
 
 
 def serve(ps: ParameterServer, cfg: RunConfig, run_dir: Path, resume: bool) -> Server:
@@ -164,44 +121,3 @@ def _note_resume(ps: ParameterServer, ckpt: Checkpoint) -> None:
                  lost_updates=max(versions, default=ckpt.version) - ckpt.version)
     ps.rec.flush()  # on disk at once: another crash right after the restart must not lose it
     log.info("resumed from %s at version %d", ckpt.path.name, ckpt.version)
-
-
-def _summary(cfg: RunConfig, ps: ParameterServer) -> dict[str, Any]:
-    core, rec = ps.core, ps.rec
-    wall = (core.finished_at or time.monotonic()) - (core.started_at or time.monotonic())
-    target = cfg.eval.target_accuracy
-    reached = [t for t, _, _, acc in rec.evals if target is not None and acc >= target]
-    final = ps.final_eval
-    return {
-        "name": cfg.name,
-        "protocol": cfg.protocol.name,
-        "num_workers": cfg.cluster.num_workers,
-        "wall_time_s": round(wall, 3),
-        "final_test_accuracy": final.test_accuracy if final else None,
-        "final_test_loss": final.test_loss if final else None,
-        "final_version": final.version if final else None,
-        "updates": core.version,
-        "samples": core.samples,
-        "samples_per_s": round(core.samples / wall, 1) if wall > 0 else None,
-        "target_accuracy": target,
-        "time_to_target_s": reached[0] if reached else None,
-        "worker_utilization": round(sum(rec.busy_s.values()) / (wall * cfg.cluster.num_workers), 4)
-        if wall > 0 else None,
-        "emulated_device": cfg.device.model_dump() if cfg.device.samples_per_s else None,
-        "emulated_link": ps.link.summary(wall) if ps.link else None,
-        "stragglers": cfg.stragglers.model_dump(exclude_none=True) or None,
-        "final_eval_reported": final is not None,
-        "workers_not_told_stop": sorted(set(core.members.registered) - ps.told_stop),
-        "policy": cfg.policy.name,
-        "switches": len(core.switching.switches),
-        "switch_overhead_s": _overhead_summary(switch_overheads(core.switching.switches, core.switching.update_times)),
-        "checkpoints": ps.checkpointer.stats.summary() if ps.checkpointer else None,
-        "resumes": rec.counts["resumes"],
-    }
-
-
-def _overhead_summary(overheads: list[float]) -> dict[str, float] | None:
-    if not overheads:
-        return None
-    ordered = sorted(overheads)
-    return {"median": round(ordered[len(ordered) // 2], 4), "max": round(ordered[-1], 4)}

@@ -223,6 +223,18 @@ class Sums:
         self.open = {int(a): np.array(total, np.float32) for a, total in d.items()}
 
 
+def apply_update(optimizer: Optimizer, values: np.ndarray, trainable: int, grad: np.ndarray, samples: int,
+                 contributors: int, lr_factor: float = 1.0) -> Iterator[int]:
+    """The update rule of every driver: ``grad`` is an aggregate's sum (Σ gradient over ``samples``, then the
+    sum of ``contributors`` workers' non-trainable state); the optimizer steps the ``trainable`` parameters
+    by the mean gradient, block by block, yielding the end of each finished block (``Optimizer.steps``),
+    and the state becomes the contributors' mean. ``grad`` is overwritten (scratch)."""
+    n = trainable
+    yield from optimizer.steps(values[:n], grad[:n], lr_factor, grad_scale=1.0 / samples)
+    if n < values.size:
+        np.multiply(grad[n:], np.float32(1.0 / contributors), out=values[n:])
+
+
 @dataclass
 class _Update:
     aggregate_id: int
@@ -353,13 +365,12 @@ class ModelStore:
                     self._idle.notify_all()
 
     def _apply(self, u: _Update) -> None:
-        values, snap, n, grad = self.values, u.snapshot, self.trainable, self.sums.take(u.aggregate_id)
+        values, snap, grad = self.values, u.snapshot, self.sums.take(u.aggregate_id)
         per_chunk = snap.chunk_bytes // 4
         last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
-        for end in self.optimizer.steps(values[:n], grad[:n], u.lr_factor, grad_scale=1.0 / u.samples):
+        for end in apply_update(self.optimizer, values, self.trainable, grad, u.samples, u.contributors,
+                                u.lr_factor):
             snap.publish_until(values, min(end, last))
-        if n < values.size:
-            np.multiply(grad[n:], np.float32(1.0 / u.contributors), out=values[n:])
         self.buffers.put(grad)
         if u.on_applied:
             u.on_applied(self.optimizer.last_lr)

@@ -12,12 +12,15 @@ used as scratch) stay in cache and no full-size temporary is allocated.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import ClassVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from switchps.ps_server.schedules import LRSchedule
+from switchps.ps_server.schedules import LRSchedule, make_schedule
+
+if TYPE_CHECKING:
+    from switchps.config import OptimizerSpec
 
 BLOCK = 131072
 """Elements per block (512 KiB per float32 array), read when an optimizer is created."""
@@ -326,6 +329,13 @@ def make_optimizer(name: str, size: int, schedule: LRSchedule, **hyper: float) -
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
     return OPTIMIZERS[name](size, schedule, **hyper)
+
+
+def optimizer_factory(o: OptimizerSpec) -> Callable[[int], Optimizer]:
+    """Builds the configured optimizer, with its schedule, for a model of the size given."""
+    schedule = make_schedule(o.schedule.kind, o.learning_rate,
+                             **o.schedule.model_dump(exclude={"kind"}, exclude_none=True))
+    return lambda size: make_optimizer(o.name, size, schedule, **o.params)
 
 
 def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from switchps.config import RunConfig
 from switchps.names import DATASETS
 
 _FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -51,11 +52,27 @@ class Dataset:
 
     def partition(self, index: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
         """Worker ``index``'s disjoint, strided share of the training set."""
-        if num_partitions < 1 or not 0 <= index < num_partitions:
-            raise ValueError(f"need 0 <= index < num_partitions, got index={index}, num_partitions={num_partitions}")
-        if num_partitions > len(self.x_train):
-            raise ValueError(f"{num_partitions} partitions but only {len(self.x_train)} training samples")
-        return self.x_train[index::num_partitions], self.y_train[index::num_partitions]
+        rows = share(len(self.x_train), index, num_partitions, "partition")
+        return self.x_train[rows], self.y_train[rows]
+
+
+def share(n: int, index: int, num_workers: int, sampling: str) -> slice:
+    """The rows of ``n`` training samples worker ``index`` draws from (a slice: a view, never a copy):
+    every ``num_workers``-th (``partition``), or all of them (``replacement``)."""
+    if num_workers < 1 or not 0 <= index < num_workers:
+        raise ValueError(f"need 0 <= index < num_partitions, got index={index}, num_partitions={num_workers}")
+    if sampling == "replacement":
+        return slice(None)
+    if num_workers > n:
+        raise ValueError(f"{num_workers} partitions but only {n} training samples "
+                         "(data.sampling: replacement draws from all of them)")
+    return slice(index, None, num_workers)
+
+
+def share_size(n: int, index: int, num_workers: int) -> int:
+    """The samples worker ``index`` registers, which the epochs count: its strided share of ``n`` (at
+    least one), whether it draws from that share or from all ``n``."""
+    return max(1, len(range(index, n, num_workers)))
 
 
 def cache_dir() -> Path:
@@ -88,6 +105,13 @@ def load_dataset(name: str, *, path: str | None = None, seed: int = 0, test_frac
     if name == "npz":
         return _npz(files[0], seed, test_fraction)
     raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+
+
+def configured_dataset(cfg: RunConfig) -> Dataset:
+    """The dataset ``cfg.data`` names, split by the run's seed."""
+    d = cfg.data
+    return load_dataset(d.name, path=d.path, seed=cfg.seed, test_fraction=d.test_fraction,
+                        num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes)
 
 
 def locate_files(name: str, path: str | None) -> list[Path]:

@@ -31,11 +31,13 @@ class GradientComputer:
         self._accs = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in self.variables]
         self._loss_acc = tf.Variable(0.0, trainable=False)
         self._loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+        self._losses = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         shape = tuple(input_shape or model.input_shape[1:])
         batch = [tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int32)]
         self._accumulate = tf.function(self._accumulate_fn, input_signature=batch)
         self._whole = tf.function(self._whole_fn, input_signature=batch)
         self._drain = tf.function(self._drain_fn)
+        self._forward = tf.function(self._forward_fn, input_signature=batch)
         self.traces = 0
 
     def _accumulate_fn(self, x: tf.Tensor, y: tf.Tensor) -> None:
@@ -62,6 +64,10 @@ class GradientComputer:
             loss = self._loss(y, self.model(x, training=True))
         grads = tape.gradient(loss, self.variables)
         return tf.concat([tf.reshape(g, [-1]) for g in grads] + [self.weights.state_tensor()], 0), loss
+
+    def _forward_fn(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        self.traces += 1
+        return self._losses(y, self.model(x, training=True))
 
     def warm_up(self, x: np.ndarray, y: np.ndarray, batch: int, micro_batch: int) -> None:
         """Trace every function and run it twice at the step's sizes, now rather than in the first timed
@@ -90,6 +96,10 @@ class GradientComputer:
         for i in range(0, len(x), micro_batch):
             self._accumulate(x[i : i + micro_batch], y[i : i + micro_batch])
         return self.finish()
+
+    def losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Each sample's loss, as a step's forward pass computes it (their sum is a step's summed loss)."""
+        return self._forward(x, y).numpy()
 
     def assign(self, flat: np.ndarray) -> None:
         """Load a pulled vector (parameters, then state) into the model."""

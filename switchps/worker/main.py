@@ -22,7 +22,8 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.worker.client import PSClient, Reconnect
 from switchps.worker.gradients import GradientComputer
 from switchps.worker.setup import prepare
-from switchps.worker.steps import RealClock, Sampler, Step, StepRunner
+from switchps.worker.data import share, share_size
+from switchps.worker.steps import RealClock, Step, StepRunner, make_sampler
 from switchps.worker.stragglers import StragglerInjector
 
 log = logging.getLogger("switchps.worker")
@@ -31,14 +32,16 @@ log = logging.getLogger("switchps.worker")
 def run_worker(cfg: RunConfig, index: int) -> int:
     """Train until the PS says stop; returns the number of steps taken."""
     data, model = prepare(cfg)
-    x, y = data.partition(index, cfg.cluster.num_workers)
+    n, workers = len(data.x_train), cfg.cluster.num_workers
+    rows = share(n, index, workers, cfg.data.sampling)
+    x, y = data.x_train[rows], data.y_train[rows]
     gc = GradientComputer(model, data.input_shape)
     gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     layout = gc.weights.layout()
     client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes, security=client_security(cfg, "worker", index))
 
     def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
-        if client.register(index, layout, len(x), wait).send_init:  # a PS that has no model yet
+        if client.register(index, layout, share_size(n, index, workers), wait).send_init:  # the PS has no model yet
             client.init(index, layout, gc.weights.read())
 
     join()
@@ -50,7 +53,8 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     received_at = started = clock.now()
     gc.assign(params)
     log.info("worker %d: %d samples, model v%d", index, len(x), reply.order.version)
-    runner = StepRunner(gc, x, y, Sampler(len(x), seed=cfg.seed * 1000 + index), cfg.device.samples_per_s, clock)
+    runner = StepRunner(gc, x, y, make_sampler(cfg.data.sampling, len(x), cfg.seed, index), cfg.device.samples_per_s,
+                        clock)
     stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index, num_workers=cfg.cluster.num_workers)
     warned: set[str] = set()
     step, send_s, wait_s = 0, 0.0, 0.0

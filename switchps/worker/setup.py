@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from switchps.config import RunConfig
-from switchps.worker.data import Dataset, load_dataset
+from switchps.worker.data import Dataset, configured_dataset
 from switchps.worker.models import build_model
 
 
@@ -19,8 +19,6 @@ def configure_threads(intra_op: int, inter_op: int) -> None:
 def prepare(cfg: RunConfig) -> tuple[Dataset, keras.Model]:
     """The run's dataset and its model, seeded, with TF limited to the configured threads."""
     configure_threads(cfg.runtime.intra_op_threads, cfg.runtime.inter_op_threads)
-    d = cfg.data
-    data = load_dataset(d.name, path=d.path, seed=cfg.seed, test_fraction=d.test_fraction,
-                        num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes)
+    data = configured_dataset(cfg)
     model = build_model(cfg.model.name, data.input_shape, data.num_classes, seed=cfg.seed, **cfg.model.kwargs)
     return data, model

@@ -13,7 +13,6 @@ from typing import Protocol
 
 import numpy as np
 
-from switchps.protos import switchps_pb2 as pb
 from switchps.straggler_trace import StepDelays
 
 
@@ -33,6 +32,19 @@ class RealClock:
         time.sleep(seconds)
 
 
+class Order(Protocol):
+    """What a step needs of its work order (the worker's protobuf one, a simulator's ``WorkOrder``)."""
+
+    @property
+    def sample_budget(self) -> int: ...
+
+    @property
+    def time_budget_s(self) -> float: ...
+
+    @property
+    def micro_batch(self) -> int: ...
+
+
 class Computer(Protocol):
     """What a step needs of ``GradientComputer``."""
 
@@ -41,6 +53,12 @@ class Computer(Protocol):
     def accumulate(self, x: np.ndarray, y: np.ndarray) -> None: ...
 
     def finish(self) -> tuple[np.ndarray, float]: ...
+
+
+class Takes(Protocol):
+    """Where a step's sample indices come from."""
+
+    def take(self, count: int) -> np.ndarray: ...
 
 
 class Sampler:
@@ -62,6 +80,23 @@ class Sampler:
             self.pos += k
             count -= k
         return np.concatenate(out)
+
+
+class Draws:
+    """Draws sample indices from ``n`` with replacement, seeded."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+
+    def take(self, count: int) -> np.ndarray:
+        return self.rng.integers(0, self.n, count)
+
+
+def make_sampler(sampling: str, n: int, seed: int, worker: int) -> Sampler | Draws:
+    """Worker ``worker``'s sampler over its ``n`` samples (``data.sampling``), seeded by the run and the worker."""
+    seed = seed * 1000 + worker
+    return Draws(n, seed) if sampling == "replacement" else Sampler(n, seed)
 
 
 @dataclass
@@ -86,7 +121,7 @@ class StepRunner:
     less than the real compute).
     """
 
-    def __init__(self, gc: Computer, x: np.ndarray, y: np.ndarray, sampler: Sampler,
+    def __init__(self, gc: Computer, x: np.ndarray, y: np.ndarray, sampler: Takes,
                  samples_per_s: float | None, clock: Clock | None = None) -> None:
         self.gc, self.x, self.y, self.sampler = gc, x, y, sampler
         self.samples_per_s = samples_per_s
@@ -97,13 +132,13 @@ class StepRunner:
             self.clock.sleep(seconds)
         return max(seconds, 0.0)
 
-    def run(self, order: pb.WorkOrder, received_at: float, delays: StepDelays) -> Step:
+    def run(self, order: Order, received_at: float, delays: StepDelays) -> Step:
         """The step, with its straggler sleep first (inside T) and its communication delay last."""
         step = self._compute(order, received_at, delays, self._sleep(delays.sleep_s))
         step.sleep_s += self._sleep(delays.comm_s)
         return step
 
-    def _compute(self, order: pb.WorkOrder, received_at: float, delays: StepDelays, slept: float) -> Step:
+    def _compute(self, order: Order, received_at: float, delays: StepDelays, slept: float) -> Step:
         if not order.time_budget_s and self.samples_per_s is None and delays.factor == 1.0:
             t0 = self.clock.now()
             idx = self.sampler.take(order.sample_budget)

@@ -81,7 +81,7 @@ class Lifecycle:
         rejoin = worker in self.members.registered
         self.members.registered[worker] = partition_size
         self.members.last_seen[worker] = now
-        self.first_register = self.first_register or now
+        self.first_register = now if self.first_register is None else self.first_register  # 0.0 is a time
         return self.activate(worker, "worker_rejoined" if rejoin else "worker_joined", version)
 
     def activate(self, worker: int, event: str, version: int) -> list[Record]:

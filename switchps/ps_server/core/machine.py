@@ -93,7 +93,7 @@ class Core:
     def view(self, now: float) -> ClusterView:
         """What the policy sees: a frozen view of the cluster now."""
         return self.consulting.view(self.switching.protocol, self.members, self.version, self.samples,
-                                    now - (self.started_at or now), self.progress(now))
+                                    now - _or(self.started_at, now), self.progress(now))
 
     def next_timer(self) -> float | None:
         """When ``timer`` should next be called, if ever."""
@@ -109,7 +109,7 @@ class Core:
         from a registered worker once training started, within what its work order allows (``orders``), its
         step following its last one (``receipts``), on a version this core has made (``lifecycle``)."""
         self.lifecycle.check_push(worker)
-        self.orders.check(worker, samples, report, now, now - (self.lifecycle.first_register or now))
+        self.orders.check(worker, samples, report, now, now - _or(self.lifecycle.first_register, now))
         self.receipts.check(worker, session, report.step)
         self.lifecycle.check_version(base_version, self.version)
 
@@ -249,6 +249,11 @@ class Core:
             old, c = self.spec, self.consulting
             self._run(self.switching.begin(sw.new, now), now, settle=False)
             self.outbox.add(self.switching.complete(sw, old, c.measured(), c.step_s(), self.version, now))
+
+
+def _or(t: float | None, now: float) -> float:
+    """A time if there is one, else ``now`` (not ``t or now``: 0.0 is a time, where a simulator's clock starts)."""
+    return now if t is None else t
 
 
 class Outbox:

@@ -1,0 +1,182 @@
+"""The simulator's driver of the core: events on virtual time in, the core's actions executed.
+
+It does what the gRPC service does (``ps_server.service``), minus the I/O: a worker's push is checked
+when it is sent, crosses the link's inbound side, is recorded and handed to the core; the actions come
+back in order: ``Join`` a push to its aggregate, ``Free`` a dropped one, ``Apply`` an aggregate with the
+store's update rule (``model.apply_update``) and record it, ``Release`` a reply (its parameters cross the
+link's outbound side, then the worker's next step starts), ``SetOptimizer``, ``Record``, ``Count``. The
+core's timers become events; the latest version is evaluated every ``eval.every_s`` of virtual time and
+when training ends.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import partial
+
+from switchps.config import RunConfig
+from switchps.ps_server.core.machine import Core
+from switchps.ps_server.events import Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, WorkOrder
+from switchps.ps_server.link import DuplexLink
+from switchps.ps_server.model import apply_update
+from switchps.ps_server.optimizers import Optimizer, adjust_optimizer
+from switchps.ps_server.records import RunRecorder
+from switchps.sim.learner import Learner, Score
+from switchps.sim.loop import Event, Loop
+from switchps.sim.network import Wire
+from switchps.sim.workers import SimWorker, Work
+
+SESSION = 1
+"""Every simulated worker's session: one process each, which never restarts, so it never resends."""
+
+
+@dataclass
+class Parts:
+    """What the driver drives: the core, the model's side, the optimizer, the run record and the workers."""
+
+    core: Core
+    learner: Learner
+    optimizer: Optimizer
+    rec: RunRecorder
+    workers: list[SimWorker]
+    link: DuplexLink | None = None
+
+
+class Simulator:
+    """One run on virtual time (see the module docstring); ``start`` it, then run ``loop``."""
+
+    def __init__(self, cfg: RunConfig, parts: Parts, loop: Loop) -> None:
+        self.cfg, self.parts, self.loop = cfg, parts, loop
+        self.core, self.learner, self.rec = parts.core, parts.learner, parts.rec
+        nbytes = parts.learner.values.nbytes
+        self.inbound = Wire(loop, parts.link.inbound if parts.link else None, nbytes)
+        self.outbound = Wire(loop, parts.link.outbound if parts.link else None, nbytes)
+        self.works: dict[int, Work] = {}  # push id -> its step, until the push is applied or dropped
+        self.joined: dict[int, list[int]] = defaultdict(list)  # aggregate id -> its pushes, in join order
+        self.told_stop: set[int] = set()
+        self.final: Score | None = None
+        self.evaluated = False  # the final evaluation is done
+        self._ids = 0
+        self._timer: tuple[float, Event] | None = None  # when the core's timer is armed, and its event
+
+    def start(self) -> None:
+        """Every worker registers at time 0, the model is initialized, and each worker pulls it."""
+        core, now = self.core, self.loop.now
+        for w in self.parts.workers:
+            self._execute(core.register(w.index, w.registered, now))
+        self.rec.event("model_initialized", worker=0, parameters=int(self.learner.values.size))
+        self._execute(core.initialized_at(now))
+        assert core.started_at is not None, "every worker registered and the model is initialized"
+        self.rec.start(core.started_at)
+        for w in self.parts.workers:
+            order = core.issue(w.index, now)
+            self.outbound.send(partial(self._pulled, w, order))
+        self._evaluate()
+
+    # ---- workers --------------------------------------------------------------------------------
+
+    def _pulled(self, w: SimWorker, order: WorkOrder) -> None:
+        w.started = self.loop.now
+        self._begin(w, order)
+
+    def _begin(self, w: SimWorker, order: WorkOrder) -> None:
+        work = w.begin(order, self.loop.now)
+        self.learner.started(work)
+        self.loop.at(work.done_at, self._send, w, work)
+
+    def _send(self, w: SimWorker, work: Work) -> None:
+        """The step is done: its push is checked as its header arrives, then crosses the link."""
+        now = w.pushed_at = self.loop.now
+        work.loss_sum = self.learner.loss(work)
+        report = work.report()
+        self.core.check_push(work.worker, work.samples, work.version, report, now, SESSION)
+        self._ids += 1
+        p = Push(self._ids, work.worker, work.version, work.samples, report.loss_sum, now, step=work.step,
+                 session=SESSION)
+        self.works[p.id] = work
+        self.inbound.send(partial(self._arrived, p, work))
+
+    def _arrived(self, p: Push, work: Work) -> None:
+        p.arrived = now = self.loop.now
+        report = work.report()
+        self.rec.step(p.worker, p.base_version, p.samples, report)
+        self._execute(self.core.push(p, report, now))
+
+    def _reply(self, r: Release) -> None:
+        """A held reply goes out: a stop ends the worker, else its parameters cross the link."""
+        if r.order.stop:
+            self.told_stop.add(r.worker)
+            return
+        self.outbound.send(partial(self._replied, self.parts.workers[r.worker], r))
+
+    def _replied(self, w: SimWorker, r: Release) -> None:
+        w.replied(self.loop.now, r.outcome.wait_s)
+        self._begin(w, r.order)
+
+    # ---- the core's actions ----------------------------------------------------------------------
+
+    def _execute(self, actions: list[Action]) -> None:
+        """Carry out the core's actions in order, as the service does; then re-arm its timer."""
+        for a in actions:
+            if isinstance(a, Join):
+                self.joined[a.aggregate_id].append(a.push_id)
+            elif isinstance(a, Free):
+                self.learner.done(self.works.pop(a.push_id))
+            elif isinstance(a, Apply):
+                self._apply(a)
+            elif isinstance(a, Release):
+                self._reply(a)
+            elif isinstance(a, SetOptimizer):
+                adjust_optimizer(self.parts.optimizer, lr_scale=a.lr_scale, state=a.state,
+                                 state_scale=a.state_scale, momentum=a.momentum)
+            elif isinstance(a, Record):
+                self.rec.event(a.event, **a.fields)
+            elif isinstance(a, Count):
+                self.rec.count(a.what, a.reason)
+        self._arm()
+        if self.core.done and not self.evaluated:
+            self.evaluated = True
+            self.final = self._score()
+
+    def _apply(self, a: Apply) -> None:
+        """The aggregate's gradient sum, then the store's update rule, as version ``a.version``."""
+        works = [self.works.pop(i) for i in self.joined.pop(a.aggregate.id)]
+        assert [w.worker for w in works] == [m.worker for m in a.aggregate.members], "joins are the members"
+        grad = self.learner.gradient(works)
+        for w in works:
+            self.learner.done(w)
+        learner, opt = self.learner, self.parts.optimizer
+        for _ in apply_update(opt, learner.values, learner.trainable, grad, a.aggregate.samples, len(works),
+                              a.lr_factor):
+            pass
+        learner.applied(a.version)
+        self.rec.update(a, opt.last_lr)
+
+    def _arm(self) -> None:
+        """Schedule the core's timer when it wants it (cancelling the one before, if it moved)."""
+        at, armed = self.core.next_timer(), self._timer
+        if armed is not None and armed[0] == at:
+            return
+        if armed is not None:
+            armed[1].cancel()
+        self._timer = None if at is None else (at, self.loop.at(at, self._fire))
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._execute(self.core.timer(self.loop.now))
+
+    # ---- evaluation -----------------------------------------------------------------------------
+
+    def _evaluate(self) -> None:
+        """Evaluate the latest version every ``eval.every_s`` while training runs."""
+        if self.core.done:
+            return
+        if self._score() is not None:
+            self.loop.at(self.loop.now + self.cfg.eval.every_s, self._evaluate)
+
+    def _score(self) -> Score | None:
+        score = self.learner.evaluate(self.core.version)
+        if score is not None:
+            self.rec.evaluation(score.version, score.test_loss, score.test_accuracy)
+        return score

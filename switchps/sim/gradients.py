@@ -1,0 +1,117 @@
+"""Real losses and gradients for simulated steps, with the worker's own ``GradientComputer``, lazily and
+batched by base version (this module imports TensorFlow; a time-only run never imports it).
+
+A step only draws its sample rows; its worth is computed when it is needed, at the parameters of the
+version it started on, which are kept until no step refers to them:
+- its summed loss when it pushes (the core and ``workers.csv`` read it): one forward pass over every
+  step started on that version and not yet scored, split per step by segment sums;
+- the gradient of an aggregate when the core applies it: the sum of the gradients of pushes with the same
+  base version is the gradient of their summed loss over their concatenated samples, so one backward
+  pass per (aggregate, base version) — a BSP round is one call, an ASP update one small call.
+
+The non-trainable state (BatchNorm statistics) a batched call leaves is taken as each of its steps'
+state: the update's state is then the mean over its versions' calls, weighted by their pushes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from itertools import groupby
+
+import keras
+import numpy as np
+
+from switchps.sim.learner import Score
+from switchps.sim.workers import Work
+from switchps.worker.data import Dataset
+from switchps.worker.evaluator import Evaluator
+from switchps.worker.gradients import GradientComputer
+
+CALL_BYTES = 64 * 2**20
+"""Input bytes per batched call: larger groups are computed in several (the same sums)."""
+
+
+class Real:
+    """The model's parameters per referenced version, and the steps' losses and gradients at them."""
+
+    def __init__(self, data: Dataset, model: keras.Model) -> None:
+        self.gc = GradientComputer(model, data.input_shape)
+        self.x, self.y = data.x_train, data.y_train
+        self.values = self.gc.weights.read().copy()
+        self.trainable = self.gc.weights.trainable_size
+        self.evaluator = Evaluator(model, data)
+        self.rows_per_call = max(1, CALL_BYTES // (4 * math.prod(data.input_shape)))
+        self.latest = 0
+        self.params: dict[int, np.ndarray] = {0: self.values.copy()}
+        self.refs: Counter[int] = Counter()
+        self.unscored: dict[int, list[Work]] = defaultdict(list)
+        self._loaded: int | None = None  # the version in the model, if no call has changed it since
+        self._stateless = not self.gc.weights.state  # a training call changes no variable but the ones we set
+
+    def started(self, work: Work) -> None:
+        self.refs[work.version] += 1
+        self.unscored[work.version].append(work)
+
+    def loss(self, work: Work) -> float:
+        if work.loss_sum is None:
+            self._score(work.version)
+        assert work.loss_sum is not None
+        return work.loss_sum
+
+    def _score(self, version: int) -> None:
+        """Score every step started on ``version`` and not scored yet: one forward pass, summed by step."""
+        group = self.unscored.pop(version)
+        rows = np.concatenate([w.rows for w in group])
+        self._load(version)
+        losses = np.concatenate([self.gc.losses(self.x[r], self.y[r]) for r in self._calls(rows)])
+        self._used()
+        starts = np.cumsum([0] + [len(w.rows) for w in group[:-1]])
+        for w, total in zip(group, np.add.reduceat(losses.astype(np.float64), starts)):
+            w.loss_sum = float(total)
+
+    def gradient(self, works: list[Work]) -> np.ndarray:
+        total = np.zeros(self.values.size, np.float32)
+        n = self.trainable
+        for version, same in groupby(sorted(works, key=lambda w: w.version), key=lambda w: w.version):
+            group = list(same)
+            rows = np.concatenate([w.rows for w in group])
+            self._load(version)
+            for r in self._calls(rows):
+                flat, _ = self.gc.compute(self.x[r], self.y[r], len(r))
+                total[:n] += flat[:n]
+            total[n:] += flat[n:] * np.float32(len(group))
+            self._used()
+        return total
+
+    def done(self, work: Work) -> None:
+        v = work.version
+        self.refs[v] -= 1
+        if self.refs[v] == 0:
+            del self.refs[v]
+            if v != self.latest:
+                del self.params[v]
+
+    def applied(self, version: int) -> None:
+        old, self.latest = self.latest, version
+        self.params[version] = self.values.copy()
+        if old not in self.refs:
+            del self.params[old]
+
+    def evaluate(self, version: int) -> Score:
+        self._load(version)
+        loss, accuracy = self.evaluator()
+        return Score(version, loss, accuracy)
+
+    def _calls(self, rows: np.ndarray) -> list[np.ndarray]:
+        return [rows[i:i + self.rows_per_call] for i in range(0, len(rows), self.rows_per_call)]
+
+    def _load(self, version: int) -> None:
+        if self._loaded != version:
+            self.gc.assign(self.params[version])
+            self._loaded = version
+
+    def _used(self) -> None:
+        """A training call ran: with state (BatchNorm's statistics), the model no longer holds a version."""
+        if not self._stateless:
+            self._loaded = None
