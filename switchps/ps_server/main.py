@@ -17,6 +17,7 @@ from switchps.errors import RunDirError
 from switchps.resources import ResourceSampler
 from switchps.resume_rules import refuse_incompatible
 from switchps.policies.registry import make_policy
+from switchps.protos.codec import one_arena
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import Checkpoint
 from switchps.ps_server.checkpointer import Checkpointer, restore
@@ -46,6 +47,7 @@ def optimizer_factory(cfg: RunConfig) -> Callable[[int], Optimizer]:
 def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) -> ParameterServer:
     """The PS for ``cfg``: a core, a model store and a run record, driven by the gRPC service; with
     ``resume``, continued from that checkpoint."""
+    one_arena()  # before the PS's threads first allocate, so that the heap they free can be trimmed
     # Each worker has one push in flight, and may resend it while the PS still reads the first.
     store = ModelStore(optimizer_factory(cfg), cfg.runtime.chunk_bytes, receive_slots=cfg.cluster.num_workers + 1)
     p = cfg.policy
