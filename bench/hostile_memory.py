@@ -8,7 +8,9 @@ The PS runs in a spawned process of its own (so the client's memory does not mix
 - ``payload_too_long``: the model's bytes, then one chunk more;
 - ``concurrent_too_long`` / ``concurrent_oversize``: ``--concurrent`` of those at once, every one
   holding its stream open until all have sent the model's bytes.
-Every push must be refused; the PS's RSS (psutil) is read after each round. Prints JSON.
+Every push must be refused. The PS's RSS (psutil) is read a second after it has counted a round's
+refusals (``rss_mb``: idle, then after each round), and sampled every 20 ms during each (``peak_rss_mb``).
+Prints JSON.
 
     python bench/hostile_memory.py [--rounds 4] [--concurrent 8] [--model-mb 16] [--frame-mb 65]
 """
@@ -39,11 +41,14 @@ from switchps.protos.layout import make_layout
 
 PUSH = "/switchps.ParameterServer/Push"
 MB = 2**20
-SETTLE_S = 1.0  # RSS is read this long after a round: refused streams have ended on the PS too
+SETTLE_S = 1.0  # RSS is read this long after a round's refusals are counted: their streams have ended too
+COUNTED_WAIT_S = 30.0  # the most a state request waits for the refusals it names to be counted
+PEAK_EVERY_S = 0.02
 
 
 def serve(conn: Connection, chunk_mb: float) -> None:
-    """The PS (spawned child): serves on loopback and answers ``state`` requests until ``stop``."""
+    """The PS (spawned child): serves on loopback and answers ``state`` requests until ``stop``. A request
+    names the pushes refused so far: the answer waits until the PS has counted that many refusals."""
     from switchps.config import parse_config
     from switchps.ps_server.main import build_ps
     from switchps.ps_server.server import Server
@@ -52,14 +57,42 @@ def serve(conn: Connection, chunk_mb: float) -> None:
                         "optimizer": {"name": "sgd", "learning_rate": 0.1}, "train": {"steps": 10**9}})
     ps = build_ps(cfg, Path(tempfile.mkdtemp(prefix="switchps-hostile-")))
     server = Server(ps, "127.0.0.1:0")
+    peak = Peak()
     conn.send(server.port)
-    while conn.recv() == "state":
+    while (refused := conn.recv()) != "stop":
+        deadline = time.monotonic() + COUNTED_WAIT_S
+        while sum(ps.rec.rejections.values()) < refused and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(SETTLE_S)
         ps.store.wait_idle(10)
-        conn.send({"rss_mb": psutil.Process().memory_info().rss / MB, "version": ps.store.version,
+        conn.send({"rss_mb": rss_mb(), "peak_mb": peak.take(), "version": ps.store.version,
                    "checksum": float(np.sum(ps.store.values, dtype=np.float64)),
                    "rejections": dict(ps.rec.rejections)})
     server.stop(grace=None)
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / MB
+
+
+class Peak:
+    """The process's largest RSS, sampled every ``PEAK_EVERY_S`` on a thread of its own."""
+
+    def __init__(self) -> None:
+        self._peak, self._lock = rss_mb(), threading.Lock()
+        threading.Thread(target=self._sample, name="peak-rss", daemon=True).start()
+
+    def _sample(self) -> None:
+        while True:
+            time.sleep(PEAK_EVERY_S)
+            with self._lock:
+                self._peak = max(self._peak, rss_mb())
+
+    def take(self) -> float:
+        """The peak since the last ``take``."""
+        with self._lock:
+            peak, self._peak = self._peak, rss_mb()
+        return peak
 
 
 class HostilePS:
@@ -88,8 +121,9 @@ class HostilePS:
             raise RuntimeError(f"the PS process did not answer within {timeout_s:g}s")
         return self._conn.recv()
 
-    def state(self) -> dict:
-        self._conn.send("state")
+    def state(self, refused: int = 0) -> dict:
+        """The PS's state once it has counted ``refused`` refusals (or ``COUNTED_WAIT_S`` has passed)."""
+        self._conn.send(refused)
         return self._receive()  # type: ignore[return-value]
 
     def close(self) -> None:
@@ -161,6 +195,10 @@ def attacks(ps: HostilePS, frame_mb: float, concurrent: int) -> dict[str, Callab
     }
 
 
+def refused(codes: dict[str, Counter[str]]) -> int:
+    return sum(n for c in codes.values() for code, n in c.items() if code != "OK")
+
+
 def run(rounds: int, concurrent: int, model_mb: float, frame_mb: float, chunk_mb: float,
         only: list[str] | None = None) -> dict:
     """Attack a fresh PS for ``rounds`` rounds; its RSS and state before and after each."""
@@ -169,18 +207,20 @@ def run(rounds: int, concurrent: int, model_mb: float, frame_mb: float, chunk_mb
         todo = {k: v for k, v in attacks(ps, frame_mb, concurrent).items() if not only or k in only}
         before = ps.state()
         codes: dict[str, Counter[str]] = {k: Counter() for k in todo}
-        rss = [round(before["rss_mb"], 1)]
+        rss, peak = [round(before["rss_mb"], 1)], []
         for _ in range(rounds):
             for name, attack in todo.items():
                 codes[name].update(attack())
-            rss.append(round(ps.state()["rss_mb"], 1))
-        after = ps.state()
+            state = ps.state(refused(codes))
+            rss.append(round(state["rss_mb"], 1))
+            peak.append(round(state["peak_mb"], 1))
+        after = ps.state(refused(codes))
     finally:
         ps.close()
     return {"benchmark": "hostile_memory", "rounds": rounds, "concurrent": concurrent, "model_mb": model_mb,
             "frame_mb": frame_mb, "chunk_mb": chunk_mb, "pushes_per_round": sum(
                 concurrent if k.startswith("concurrent") else 1 for k in todo),
-            "rss_mb": rss, "growth_after_round_1_mb": round(rss[-1] - rss[1], 1),
+            "rss_mb": rss, "peak_rss_mb": peak, "growth_after_round_1_mb": round(rss[-1] - rss[1], 1),
             "codes": {k: dict(v) for k, v in codes.items()},
             "model_unchanged": after["version"] == before["version"] and after["checksum"] == before["checksum"],
             "rejections": after["rejections"]}

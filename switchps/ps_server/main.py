@@ -14,6 +14,7 @@ from switchps.channels import server_security
 from switchps.config import RunConfig
 from switchps import resources
 from switchps.resources import ResourceSampler
+from switchps.protos.codec import one_arena
 from switchps.ps_server.checkpoint import Checkpoint
 from switchps.ps_server.checkpointer import Checkpointer, Parts, record_position, restore
 from switchps.ps_server.link import DuplexLink
@@ -31,6 +32,7 @@ STOP_GRACE_S = 15.0
 def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) -> ParameterServer:
     """The PS for ``cfg``: a core, a model store and a run record, driven by the gRPC service; with
     ``resume``, continued from that checkpoint."""
+    one_arena()  # before the PS's threads first allocate, so that the heap they free can be trimmed
     # Each worker has one push in flight, and may resend it while the PS still reads the first.
     store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes,
                        receive_slots=cfg.cluster.num_workers + 1)

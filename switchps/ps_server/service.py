@@ -225,7 +225,8 @@ class ParameterServer:
         try:
             worker, layout, values = await self._receive_init(ctx)
         except Rejected as r:
-            await self._reject(ctx, "init", r)
+            self._refuse(ctx, "init", r)
+            return
         self.store.initialize(layout, values)
         self.rec.event("model_initialized", worker=worker, parameters=int(values.size))
         self._execute(self.core.initialized_at(self.clock()))
@@ -281,7 +282,8 @@ class ParameterServer:
         try:
             p, report, grad = await self._receive_push(ctx, whole)
         except Rejected as r:
-            await self._reject(ctx, "push", r)
+            self._refuse(ctx, "push", r)
+            return
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
             self.count_rejection("push", Rejected("CANCELLED", "cancelled", "cancelled by the client"))
             raise
@@ -340,6 +342,15 @@ class ParameterServer:
         self.count_rejection(rpc, r)
         await ctx.abort(getattr(grpc.StatusCode, r.code), str(r))
         raise AssertionError("abort returned")  # pragma: no cover - grpc's abort always raises
+
+    def _refuse(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> None:
+        """``_reject`` for a call that has read payload frames: the handler returns after it, so no exception
+        ends the call. ``ctx.abort`` keeps its exception in the call's state, and its traceback the frames
+        read: a reference cycle only the cyclic collector frees, seldom in the PS (refused pushes held tens
+        of MB a round; ``README``, memory under hostile input; grpc/grpc#17899 is the same in the sync server)."""
+        self.count_rejection(rpc, r)
+        ctx.set_code(getattr(grpc.StatusCode, r.code))
+        ctx.set_details(str(r))
 
     def _as_worker(self, ctx: grpc.aio.ServicerContext, worker: int, rpc: str) -> None:
         """With a guard, ``Rejected`` (PERMISSION_DENIED) unless the caller's token is worker ``worker``'s
