@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import math
 import shutil
 import sys
@@ -38,6 +37,7 @@ import numpy as np
 from switchps import closed_forms as cf
 from switchps.config import RunConfig, parse_config
 from switchps.jsonfile import dumps
+from switchps.sim.run import simulate
 
 MU = 1.0
 """The exponential part's rate, per second."""
@@ -170,19 +170,6 @@ def compare(expected: dict[str, float], measured: dict[str, tuple[float, float]]
     return out
 
 
-def simulator() -> Callable[..., dict[str, Any]]:
-    """``switchps.sim.run.simulate``, or exit with a message saying this checkout has no simulator."""
-    try:
-        module = importlib.import_module("switchps.sim.run")
-    except ModuleNotFoundError as e:
-        if e.name not in ("switchps.sim", "switchps.sim.run"):
-            raise
-        sys.exit("sim_validation: this checkout has no simulator (switchps.sim.run.simulate); "
-                 "--plan prints the plan without it")
-    simulate: Callable[..., dict[str, Any]] = module.simulate
-    return simulate
-
-
 def run_case(case: Case, seed: int, out: Path, simulate: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """Simulate ``case`` in ``out``, read its ps.csv and compare it with the formulas."""
     cfg = build_config(case, seed, out)
@@ -218,7 +205,6 @@ def main() -> None:
         print(dumps({"benchmark": "sim_validation_plan", "worker_steps": sum(c["worker_steps"] for c in planned),
                      "cases": planned}, indent=2))
         return
-    simulate = simulator()
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="switchps-simval-"))
     t0 = time.perf_counter()
     try:

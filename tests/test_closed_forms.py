@@ -6,7 +6,6 @@ from __future__ import annotations
 import heapq
 import importlib
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -302,13 +301,3 @@ def test_bench_end_to_end_on_the_core(bench: ModuleType, tmp_path: Path) -> None
         result = bench.run_case(bench.plan(case, 8, 0.02), 1, tmp_path, core_simulator)
         for metric in result["metrics"].values():  # planned for 2 % (the bench plans for 0.5 %)
             assert metric["rel_se"] < 0.03 and abs(metric["rel_error"]) < 4 * metric["rel_se"], result
-
-
-def test_bench_without_a_simulator_says_so(bench: ModuleType, monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "switchps.sim", None)  # as on a branch without the simulator
-    with pytest.raises(SystemExit, match="no simulator"):
-        bench.simulator()
-    monkeypatch.setattr(sys, "argv", ["sim_validation.py", "--plan", "--sizes", "8", "--cases", "bsp,asp"])
-    bench.main()  # the plan needs no simulator
-    assert '"sim_validation_plan"' in capsys.readouterr().out
