@@ -17,7 +17,9 @@ from functools import partial
 
 from switchps.config import RunConfig
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.events import Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, WorkOrder
+from switchps.ps_server.events import (
+    Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
+)
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import apply_update
 from switchps.ps_server.optimizers import Optimizer, adjust_optimizer
@@ -32,8 +34,8 @@ SESSION = 1
 
 
 @dataclass
-class Parts:
-    """What the driver drives: the core, the model's side, the optimizer, the run record and the workers."""
+class Drive:
+    """What the simulator drives: the core, the model's side, the optimizer, the run record and the workers."""
 
     core: Core
     learner: Learner
@@ -46,7 +48,7 @@ class Parts:
 class Simulator:
     """One run on virtual time (see the module docstring); ``start`` it, then run ``loop``."""
 
-    def __init__(self, cfg: RunConfig, parts: Parts, loop: Loop) -> None:
+    def __init__(self, cfg: RunConfig, parts: Drive, loop: Loop) -> None:
         self.cfg, self.parts, self.loop = cfg, parts, loop
         self.core, self.learner, self.rec = parts.core, parts.learner, parts.rec
         nbytes = parts.learner.values.nbytes
@@ -95,11 +97,10 @@ class Simulator:
         p = Push(self._ids, work.worker, work.version, work.samples, report.loss_sum, now, step=work.step,
                  session=SESSION)
         self.works[p.id] = work
-        self.inbound.send(partial(self._arrived, p, work))
+        self.inbound.send(partial(self._arrived, p, report))
 
-    def _arrived(self, p: Push, work: Work) -> None:
+    def _arrived(self, p: Push, report: StepReport) -> None:
         p.arrived = now = self.loop.now
-        report = work.report()
         self.rec.step(p.worker, p.base_version, p.samples, report)
         self._execute(self.core.push(p, report, now))
 

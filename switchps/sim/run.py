@@ -26,7 +26,7 @@ from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.runs import RECORD_FILES, build_core, elapsed, prepare_run_dir, run_summary
-from switchps.sim.driver import Parts, Simulator
+from switchps.sim.driver import Drive, Simulator
 from switchps.sim.learner import Learner, TimeOnly
 from switchps.sim.loop import Loop
 from switchps.sim.workers import SimWorker
@@ -55,7 +55,7 @@ def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: b
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, flush_every_s=None, clock=lambda: loop.now)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
     rows = np.arange(n)
-    parts = Parts(build_core(cfg), learner, optimizer_factory(cfg.optimizer)(learner.trainable), rec,
+    parts = Drive(build_core(cfg), learner, optimizer_factory(cfg.optimizer)(learner.trainable), rec,
                   [SimWorker(cfg, i, rows) for i in range(cfg.cluster.num_workers)], link)
     sim = Simulator(cfg, parts, loop)
     started, interrupted = time.monotonic(), False
