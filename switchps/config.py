@@ -28,7 +28,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from switchps import names
 from switchps.problems import ConfigError, Problems, describe, did_you_mean, under
 from switchps.schema import (
-    MAX_BATCH, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
+    MAX_BATCH, MAX_SEED, MAX_SIM_WORKERS, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
 )
 from switchps.policy_config import PolicySpec, SwitchSpec
 from switchps.security_config import SecuritySpec
@@ -45,7 +45,8 @@ class Cluster(Section):
     bind: str | None = None
     """host:port the PS listens on (default: `ps` itself, loopback unless `ps` names another host)."""
     workers: int | list[str] = 4
-    """Number of local workers, or the list of worker addresses (one per host); at most 1024."""
+    """Number of local workers, or the list of worker addresses (one per host); at most 1024 (100,000 in a
+    simulation)."""
     startup_timeout_s: float = Field(120.0, gt=0)
     """How long the PS waits for every worker to register before starting with those present."""
     reconnect_s: float = Field(60.0, gt=0, le=86400)
@@ -59,12 +60,14 @@ class Cluster(Section):
 
     @field_validator("workers")
     @classmethod
-    def _count(cls, v: int | list[str]) -> int | list[str]:
+    def _count(cls, v: int | list[str], info: ValidationInfo) -> int | list[str]:
         n = v if isinstance(v, int) else len(v)
         if n < 1:
             raise ValueError("need at least one worker")
-        if n > MAX_WORKERS:
-            raise ValueError(f"at most {MAX_WORKERS} workers, got {n}")
+        if role_of(info) == "simulate" and n > MAX_SIM_WORKERS:
+            raise ValueError(f"at most {MAX_SIM_WORKERS} simulated workers, got {n}")
+        if role_of(info) != "simulate" and n > MAX_WORKERS:
+            raise ValueError(f"at most {MAX_WORKERS} workers, got {n} (a simulation takes up to {MAX_SIM_WORKERS})")
         return v
 
     @field_validator("ps", "bind")
@@ -197,7 +200,7 @@ class ProtocolSpec(Section):
     """AMB only: the upper bound on samples per step (default 4 x batch), at most 2**20."""
     deadline_s: float = Field(30.0, gt=0)
     """A worker that has not pushed this long after a round began is marked inactive."""
-    backup_workers: int = Field(0, ge=0, lt=MAX_WORKERS)
+    backup_workers: int = Field(0, ge=0, lt=MAX_SIM_WORKERS)
     """Round protocols (bsp, fmb, amb): complete a round on the first N-k pushes and drop the k late ones (k < N)."""
     excluded_pushes: Literal["join", "drop"] = "join"
     """Rounds: stale pushes from workers a policy took out of the barrier (elastic) join a later round
@@ -206,7 +209,7 @@ class ProtocolSpec(Section):
     """SSP only: how many clocks a worker may run ahead of the slowest (at most 2**31 - 1)."""
     staleness_lr: bool = False
     """ASP/SSP: damp the learning rate by staleness, lr/(1+tau)."""
-    k: int | None = Field(None, gt=0, le=MAX_WORKERS)
+    k: int | None = Field(None, gt=0, le=MAX_SIM_WORKERS)
     """kasync: apply one update of the first K pushes, whatever their versions (default: the workers)."""
     window_s: float | None = Field(None, gt=0)
     """timed: apply whatever arrived every window_s seconds, at least one push (required for timed)."""

@@ -24,6 +24,8 @@ class Section(BaseModel):
 
 MAX_WORKERS = 1024
 """Each worker is a process and two PS server threads; protobuf counts workers in int32."""
+MAX_SIM_WORKERS = 100_000
+"""A simulation's workers are objects on a virtual clock (10,000 are measured in ``bench/sim_scale.py``)."""
 MAX_BATCH = 2**20
 """Samples per step: one step's micro-batches are NumPy arrays built at once."""
 MAX_STEPS = 2**31 - 1

@@ -50,9 +50,6 @@ def test_draws_are_clipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 5-sigma draw is too rare to sample, so feed the injector one."""
 
     class Tail:
-        def __init__(self, key: list[int]) -> None:
-            pass
-
         def random(self) -> float:
             return 0.99  # picks the last row, [5, .3, .1]
 
@@ -60,7 +57,7 @@ def test_draws_are_clipped(monkeypatch: pytest.MonkeyPatch) -> None:
             return -40.0  # |5 - 40 * .3| = 7 > 6.5
 
     inj = StragglerInjector(StragglerSpec(mixture=MixtureSpec(preset="niagara")), seed=0, worker=0, num_workers=1)
-    monkeypatch.setattr(np.random, "default_rng", Tail)
+    monkeypatch.setattr(inj, "_gen", Tail())
     assert inj.plan(0, 0.0).sleep_s == 6.5
 
 
@@ -328,3 +325,12 @@ def test_shifted_exponential_config_errors_name_the_field() -> None:
     cfg = parse_config({"stragglers": {"shifted_exponential": {"shift_s": 0.5, "rate_per_s": 2}}})
     assert cfg.stragglers.active and cfg.stragglers.shifted_exponential == ShiftedExponentialSpec(shift_s=0.5,
                                                                                                    rate_per_s=2)
+
+
+def test_a_step_s_draws_are_its_own_and_do_not_run_into_the_next_step_s() -> None:
+    inj = StragglerInjector(StragglerSpec(), seed=3, worker=1, num_workers=2)
+    steps = [inj._rng(4, k).random(8) for k in range(50)]
+    assert np.array_equal(inj._rng(4, 7).random(8), steps[7]), "a step's draws are a pure function of it"
+    assert len({float(v) for s in steps for v in s}) == 50 * 8, "no draw of one step reappears in another"
+    other = StragglerInjector(StragglerSpec(), seed=3, worker=0, num_workers=2)
+    assert not np.array_equal(other._rng(4, 7).random(8), steps[7]), "each worker has its own key"

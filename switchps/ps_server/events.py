@@ -73,6 +73,11 @@ class Aggregate:
     members: list[Push] = field(default_factory=list)
     samples: int = 0
     id: int = -1
+    workers: set[int] = field(default_factory=set, repr=False, compare=False)
+    """The members' workers, kept by ``protocols.join`` (a round's checks are O(1) per push)."""
+
+    def __post_init__(self) -> None:
+        self.workers.update(m.worker for m in self.members)
 
 
 @dataclass

@@ -32,6 +32,7 @@ def required(m: Membership) -> set[int]:
 def join(a: Aggregate, p: Push) -> Aggregate:
     """Take ``p`` into ``a`` (the driver adds its gradient into ``a``'s sum, told by the core's ``Join``)."""
     a.members.append(p)
+    a.workers.add(p.worker)
     a.samples += p.samples
     return a
 
@@ -39,10 +40,6 @@ def join(a: Aggregate, p: Push) -> Aggregate:
 def per_worker(b: Batches, batch: int) -> list[float]:
     """Each worker's sample budget: a policy's, else the protocol's batch."""
     return [float(b.per_worker.get(w, batch)) for w in range(b.num_workers)]
-
-
-def workers(a: Aggregate) -> set[int]:
-    return {m.worker for m in a.members}
 
 
 class SyncProtocol(ABC):
@@ -143,7 +140,7 @@ class Rounds(SyncProtocol):
         if p.staleness and not joins:
             return Effect(drop="excluded_stale" if excluded else "backup" if self.s.backup_workers else "late")
         r = self.round = self.round or Aggregate(started=p.arrived)
-        if p.worker in workers(r):
+        if p.worker in r.workers:
             return Effect(drop="duplicate")
         join(r, p)
         effect = self._complete_if_ready(m)
@@ -151,8 +148,11 @@ class Rounds(SyncProtocol):
         return effect
 
     def _complete_if_ready(self, m: Membership) -> Effect:
-        r, barrier = self.round, required(m)
-        if r is None or len(workers(r) & barrier) < max(1, len(barrier) - self.s.backup_workers):
+        r, k = self.round, self.s.backup_workers
+        if r is None or len(r.workers) < max(1, len(m.active) - len(m.excluded) - k):
+            return Effect()  # fewer members than the barrier's least size: no need to build the barrier
+        barrier = required(m)
+        if len(r.workers & barrier) < max(1, len(barrier) - k):
             return Effect()
         return self._complete()
 
@@ -179,7 +179,7 @@ class Rounds(SyncProtocol):
         r = self.round
         if r is None or now < r.started + self.s.deadline_s:
             return Effect()
-        missing = sorted(required(m) - workers(r))
+        missing = sorted(required(m) - r.workers)
         effect = self._complete()
         effect.deactivate = [(w, "bsp_deadline") for w in missing]
         return effect

@@ -233,7 +233,7 @@ class RunRecorder:
             if self.trace is not None:
                 self.trace.write(trace)
             self.tensorboard.updates([dict(zip(PS_COLUMNS, r)) for r in self.ps.write(ps)])
-            self.tensorboard.steps([dict(zip(WORKER_COLUMNS, r)) for r in self.workers.write(workers)])
+            self.tensorboard.steps(self.workers.write(workers), WORKER_COLUMNS)
             self.tensorboard.evaluations(self.eval.write(evals))
             if events:
                 with (self.run_dir / "events.jsonl").open("a") as f:

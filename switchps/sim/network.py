@@ -21,9 +21,9 @@ class Wire:
         self._check_at: Event | None = None
 
     def send(self, arrived: Callable[[], None]) -> None:
-        """Start a transfer now; ``arrived()`` runs when its bytes have crossed."""
+        """Start a transfer now; ``arrived()`` runs when its bytes have crossed (at once without a link)."""
         if self.link is None:
-            self.loop.at(self.loop.now, arrived)
+            arrived()
             return
         self._flying.append((self.link.admit(self.nbytes, self.loop.now), self.loop.now, arrived))
         self._arm()
