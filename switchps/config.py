@@ -247,6 +247,10 @@ class NetworkSpec(Section):
     """Emulate the PS's network link at this rate (full duplex): workers' pushes share its inbound side
     and the parameters sent back its outbound side, so a BSP round's N simultaneous transfers take N
     times as long as one. Loopback alone makes communication nearly free."""
+    push_overhead_s: float = Field(0.0, ge=0, le=60)
+    """A simulation only: seconds each push costs beyond the link model (serialization, the RPC, the PS's
+    work), added to its way in; a real run pays its own. Fit it from a real run with
+    `python bench/sim_vs_real.py fit REAL_STUDY_DIR`."""
 
 
 class TrainSpec(Section):

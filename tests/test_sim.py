@@ -256,3 +256,8 @@ def test_pushes_and_replies_share_the_ps_link(tmp_path: Path) -> None:
     # 0.2 s: both initial pulls share the outbound side; 0.1 s compute; 0.2 s: both pushes share inbound
     assert [float(t) for t in column(tmp_path / "r", "time_s")] == pytest.approx([0.5, 1.0, 1.5])
     assert s["emulated_link"]["inbound_utilization"] == pytest.approx(3 * 0.2 / 1.5, abs=1e-3)
+
+
+def test_a_push_overhead_delays_every_push_s_arrival_by_its_seconds(tmp_path: Path) -> None:
+    simulate(config(network={"push_overhead_s": 0.05}), tmp_path / "r", time_only=True)
+    assert column(tmp_path / "r", "time_s") == ["0.15", "0.3", "0.45", "0.6"], "0.1 s of compute, 0.05 s in transit"

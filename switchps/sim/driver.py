@@ -1,7 +1,8 @@
 """The simulator's driver of the core: events on virtual time in, the core's actions executed.
 
 It does what the gRPC service does (``ps_server.service``), minus the I/O: a worker's push is checked
-when it is sent, crosses the link's inbound side, is recorded and handed to the core; the actions come
+when it is sent, takes ``network.push_overhead_s``, crosses the link's inbound side, is recorded and
+handed to the core; the actions come
 back in order: ``Join`` a push to its aggregate, ``Free`` a dropped one, ``Apply`` an aggregate with the
 store's update rule (``model.apply_update``) and record it, ``Release`` a reply (its parameters cross the
 link's outbound side, then the worker's next step starts), ``SetOptimizer``, ``Record``, ``Count``. The
@@ -97,7 +98,11 @@ class Simulator:
         p = Push(self._ids, work.worker, work.version, work.samples, report.loss_sum, now, step=work.step,
                  session=SESSION)
         self.works[p.id] = work
-        self.inbound.send(partial(self._arrived, p, report))
+        overhead = self.cfg.network.push_overhead_s
+        if overhead:
+            self.loop.at(now + overhead, self.inbound.send, partial(self._arrived, p, report))
+        else:
+            self.inbound.send(partial(self._arrived, p, report))
 
     def _arrived(self, p: Push, report: StepReport) -> None:
         p.arrived = now = self.loop.now
