@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, role="simulate", checks=PREFLIGHT)
-    run_dir = Path(args.run_dir or Path(cfg.output.dir) / cfg.run_dir_name())
+    run_dir = Path(args.run_dir or cfg.new_run_dir())
     from switchps.launcher import console, summary_table
     from switchps.sim.run import simulate
 
@@ -125,7 +125,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
     if args.resume and args.run_dir and Path(args.resume) != Path(args.run_dir):
         raise ConfigError("ps: --resume names the run directory; --run-dir, if given, must be the same")
-    run_dir = Path(args.resume or args.run_dir or Path(cfg.output.dir) / cfg.run_dir_name())
+    run_dir = Path(args.resume or args.run_dir or cfg.new_run_dir())
     summary = run_ps(cfg, run_dir, resume=bool(args.resume))
     print(dumps(summary))
     return 0
@@ -226,7 +226,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from switchps.studies.spec import load_study
 
     path = packaged(args.study) if args.study in PACKAGED else Path(args.study)
-    spec = load_study(path, args.set)
+    spec = load_study(path, args.set, simulate=args.simulate)
     if args.repeats is not None:
         spec.repeats = args.repeats
     if args.arms:
@@ -238,7 +238,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         spec.arms = {a: v for a, v in spec.arms.items() if a in keep}
     out = Path(args.out) if args.out else Path("runs") / spec.study
     run_study(spec, out, quiet=args.quiet)
-    print(out / "study.json")
+    print(out / ("sweep.json" if spec.sweep else "study.json"))
     return 0
 
 
@@ -334,14 +334,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _study_parser(st: argparse.ArgumentParser) -> None:
-    st.add_argument("study", help="a study file, or a packaged study: amb-vs-fmb, dynamic-batching, sync-switch, "
-                                  "switch-config")
+    st.add_argument("study", help="a study file, or a packaged study: amb-vs-fmb, dynamic-batching, scale, "
+                                  "sync-switch, switch-config")
     st.add_argument("--out", help="directory for the runs, study.json and study.png (default runs/<study>); "
                                   "run again with the same --out to resume")
     st.add_argument("--repeats", type=int, help="seeds per arm (default: the file's)")
     st.add_argument("--arms", help="comma-separated arms to run (the reference always runs)")
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a field of the study's base config (repeatable)")
+    st.add_argument("--simulate", action="store_true",
+                    help="run every arm in simulation on a virtual clock, whatever the file's mode")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=cmd_study)
 

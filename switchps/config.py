@@ -329,8 +329,15 @@ class RunConfig(Section):
             raise Problems(problems)
         return self
 
-    def run_dir_name(self) -> str:
-        return f"{self.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    def new_run_dir(self) -> Path:
+        """``output.dir/NAME-YYYYmmdd-HHMMSS``, with ``-2``, ``-3``... if that exists (simulations of a
+        study can start within one second)."""
+        stem = Path(self.output.dir) / f"{self.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        path, n = stem, 1
+        while path.exists():
+            n += 1
+            path = stem.with_name(f"{stem.name}-{n}")
+        return path
 
     def dump(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -154,3 +154,74 @@ def test_plot_and_compare_on_a_path_that_is_not_a_run_directory_exit_2_in_one_li
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"switchps: {tmp_path} is not a run directory (no config.yaml, ps.csv, eval.csv)"]
+
+
+def mini_sweep(**edit: object) -> dict:
+    """Two arms at 3 and 40 workers (40 > digits' test split, so 40 > any partition a worker could hold)."""
+    return {"study": "mini", "mode": "simulate", "repeats": 2, "reference": "bsp", "target": {"absolute": 0.3},
+            "metrics": ["time_to_target_s", "final_accuracy", "updates"],
+            "base": {"cluster": {"workers": 3}, "model": {"name": "logreg"},
+                     "data": {"name": "digits", "sampling": "replacement"},
+                     "protocol": {"name": "bsp", "batch": 8}, "train": {"steps": 12}, "eval": {"every_s": 0.5},
+                     "device": {"samples_per_s": 80.0}, "stragglers": {"mixture": {"preset": "niagara", "scale": 0.02}}},
+            "arms": {"bsp": {}, "backup": {"protocol.backup_workers": 1}},
+            "sweep": {"cluster.workers": [3, 40], "arms.backup.protocol.backup_workers": [1, 10]}, **edit}
+
+
+def test_a_simulated_sweep_runs_every_arm_at_every_value_and_reports_against_it(tmp_path):
+    study = tmp_path / "mini.yaml"
+    study.write_text(json.dumps(mini_sweep()))
+    proc = subprocess.run([SWITCHPS, "study", str(study), "--out", str(tmp_path / "out"), "--quiet"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("sweep.json")
+    sweep = json.loads((tmp_path / "out" / "sweep.json").read_text(), parse_constant=pytest.fail)
+    assert sweep["key"] == "cluster.workers" and sweep["values"] == [3, 40] and sweep["mode"] == "simulate"
+    for point, workers, backups in zip(sweep["points"], (3, 40), (1, 10)):
+        result = json.loads((tmp_path / "out" / f"cluster.workers={workers}" / "study.json").read_text())
+        assert point["arms"] == result["arms"] and result["arms"]["backup"]["updates"]["n"] == 2
+        for run in result["runs"]:
+            summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+            cfg = (Path(run["run_dir"]) / "config.yaml").read_text()
+            assert summary["simulated"] and summary["updates"] == 12, "every run is a whole simulation"
+            assert f"workers: {workers}\n" in cfg
+            assert (f"backup_workers: {backups}\n" in cfg) == (run["arm"] == "backup"), "the arm's own sweep key"
+    assert (tmp_path / "out" / "sweep.png").stat().st_size > 10_000
+
+
+def test_simulate_runs_a_study_in_simulation_with_more_workers_than_a_real_run_takes(tmp_path):
+    raw = mini_sweep(mode="run", sweep={"cluster.workers": [2000]}, repeats=1)
+    study = tmp_path / "big.yaml"
+    study.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as e:
+        load_study(study)
+    assert any("sweep cluster.workers=2000: arms.bsp: cluster.workers: at most 1024 workers" in p
+               for p in e.value.problems), e.value.problems
+    spec = load_study(study, simulate=True)
+    assert spec.mode == "simulate" and spec.run_config("bsp", 0, tmp_path, None).cluster.num_workers == 3
+    assert spec.points()[0][1].run_config("bsp", 0, tmp_path, None).cluster.num_workers == 2000
+
+
+@pytest.mark.parametrize("sweep, problem", [
+    ({"cluster.workers": [3, 4], "eval.every_s": [1.0]}, "all of one length"),
+    ({"cluster.workers": [3], "arms.nope.protocol.batch": [4]}, "name no arm's field"),
+    ({"arms.bsp.protocol.batch": [4]}, "the first key names the points"),
+])
+def test_a_bad_sweep_names_the_problem(tmp_path, sweep, problem):
+    path = tmp_path / "study.yaml"
+    path.write_text(json.dumps(mini_sweep(sweep=sweep)))
+    with pytest.raises(ConfigError) as e:
+        load_study(path)
+    assert any(problem in p for p in e.value.problems), e.value.problems
+
+
+def test_a_simulated_study_needs_the_device_model_and_says_so_before_running(tmp_path):
+    raw = mini_sweep()
+    del raw["base"]["device"]
+    path = tmp_path / "study.yaml"
+    path.write_text(json.dumps(raw))
+    proc = subprocess.run([SWITCHPS, "study", str(path), "--out", str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "device.samples_per_s: required by a simulation" in proc.stderr
+    assert not (tmp_path / "out").exists(), "nothing ran"

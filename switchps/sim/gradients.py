@@ -7,7 +7,9 @@ version it started on, which are kept until no step refers to them:
   step started on that version and not yet scored, split per step by segment sums;
 - the gradient of an aggregate when the core applies it: the sum of the gradients of pushes with the same
   base version is the gradient of their summed loss over their concatenated samples, so one backward
-  pass per (aggregate, base version) — a BSP round is one call, an ASP update one small call.
+  pass per (aggregate, base version) — a BSP round is one call, an ASP update one small call;
+- a step alone on its version (as under ASP, where every update is a version) is scored by the call
+  that computes its gradient too, kept until its push is applied or dropped: one call, not two.
 
 The non-trainable state (BatchNorm statistics) a batched call leaves is taken as each of its steps'
 state: the update's state is then the mean over its versions' calls, weighted by their pushes.
@@ -60,10 +62,17 @@ class Real:
         return work.loss_sum
 
     def _score(self, version: int) -> None:
-        """Score every step started on ``version`` and not scored yet: one forward pass, summed by step."""
+        """Score every step started on ``version`` and not scored yet: one forward pass, summed by step
+        (a step alone: its gradient too, in the same call)."""
         group = self.unscored.pop(version)
-        rows = np.concatenate([w.rows for w in group])
         self._load(version)
+        if len(group) == 1 and len(group[0].rows) <= self.rows_per_call:
+            w = group[0]
+            flat, loss = self.gc.compute(self.x[w.rows], self.y[w.rows], len(w.rows))
+            self._used()
+            w.grad, w.loss_sum = flat, loss
+            return
+        rows = np.concatenate([w.rows for w in group])
         losses = np.concatenate([self.gc.losses(self.x[r], self.y[r]) for r in self._calls(rows)])
         self._used()
         starts = np.cumsum([0] + [len(w.rows) for w in group[:-1]])
@@ -75,6 +84,9 @@ class Real:
         n = self.trainable
         for version, same in groupby(sorted(works, key=lambda w: w.version), key=lambda w: w.version):
             group = list(same)
+            if len(group) == 1 and group[0].grad is not None:
+                total += group[0].grad
+                continue
             rows = np.concatenate([w.rows for w in group])
             self._load(version)
             for r in self._calls(rows):
@@ -85,6 +97,7 @@ class Real:
         return total
 
     def done(self, work: Work) -> None:
+        work.grad = None
         v = work.version
         self.refs[v] -= 1
         if self.refs[v] == 0:

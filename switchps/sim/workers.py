@@ -49,7 +49,8 @@ class Indices:
 
 @dataclass(eq=False)
 class Work:
-    """One worker step: what it drew and how long it took; its loss is filled in when it is first needed."""
+    """One worker step: what it drew and how long it took; its loss (and perhaps its gradient) is filled
+    in when it is first needed."""
 
     worker: int
     step: int
@@ -64,6 +65,8 @@ class Work:
     wait_s: float
     done_at: float
     loss_sum: float | None = None
+    grad: np.ndarray | None = None
+    """Its gradient, when the call that scored it computed that too (the learner's, until it is done)."""
 
     def report(self) -> StepReport:
         """What the worker's push says about this step (its ``StepStats``)."""

@@ -3,7 +3,9 @@
 Each repeat runs the arms in the file's order with seed ``base.seed + repeat``. If the base has
 stragglers, the repeat's first arm records their trace and the others replay it, so every arm of a
 repeat faces the same delays. A finished run is listed in ``OUT/runs.jsonl``; an interrupted study run
-again with the same ``--out`` skips the runs listed there and redoes only the one cut short.
+again with the same ``--out`` skips the runs listed there and redoes only the one cut short. In
+``mode: simulate`` every run is a simulation (``switchps.sim.run.simulate``). A ``sweep`` runs the whole
+study once per value, into ``OUT/KEY=VALUE/``, then writes ``OUT/sweep.json`` and ``OUT/sweep.png``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from switchps.config import RunConfig
 from switchps.jsonfile import dumps
 from switchps.launcher import launch
 from switchps.studies.report import report
 from switchps.studies.spec import StudySpec
+from switchps.studies.sweep import sweep_report
 
-PACKAGED = ("amb-vs-fmb", "dynamic-batching", "sync-switch", "switch-config")
+PACKAGED = ("amb-vs-fmb", "dynamic-batching", "scale", "sync-switch", "switch-config")
 
 
 def packaged(name: str) -> Path:
@@ -27,7 +31,16 @@ def packaged(name: str) -> Path:
 
 
 def run_study(spec: StudySpec, out: Path, quiet: bool = True) -> dict[str, Any]:
-    """Run what ``out`` has not finished yet, then write study.json and the figure, and print the table."""
+    """Run what ``out`` has not finished yet, then write study.json and the figure, and print the table
+    (for a sweep: each value's, then sweep.json and sweep.png)."""
+    if spec.sweep is None:
+        return run_point(spec, out, quiet)
+    results = {point: run_point(study, out / point, quiet) for point, study in spec.points()}
+    return sweep_report(spec, results, out)
+
+
+def run_point(spec: StudySpec, out: Path, quiet: bool) -> dict[str, Any]:
+    """One study without a sweep: its runs, then its report."""
     out.mkdir(parents=True, exist_ok=True)
     done = finished_runs(out)
     for repeat in range(spec.repeats):
@@ -36,13 +49,24 @@ def run_study(spec: StudySpec, out: Path, quiet: bool = True) -> dict[str, Any]:
             run_dir = done.get((arm, repeat))
             if run_dir is None:
                 cfg = spec.run_config(arm, repeat, out / "runs", trace if i else None)
-                run_dir, _ = launch(cfg, quiet=quiet)
+                run_dir = run_one(cfg, spec.mode, quiet)
                 with (out / "runs.jsonl").open("a") as f:
                     f.write(dumps({"arm": arm, "repeat": repeat, "run_dir": str(run_dir)}) + "\n")
                 done[(arm, repeat)] = run_dir
             if i == 0 and (run_dir / "stragglers.csv").exists():
                 trace = run_dir / "stragglers.csv"
     return report(spec, {k: v for k, v in done.items() if k[0] in spec.arms and k[1] < spec.repeats}, out)
+
+
+def run_one(cfg: RunConfig, mode: str, quiet: bool) -> Path:
+    """Run ``cfg`` for real or in simulation; its run directory."""
+    if mode == "run":
+        return launch(cfg, quiet=quiet)[0]
+    from switchps.sim.run import simulate
+
+    run_dir = cfg.new_run_dir()
+    simulate(cfg, run_dir, quiet=quiet)
+    return run_dir
 
 
 def finished_runs(out: Path) -> dict[tuple[str, int], Path]:

@@ -11,6 +11,9 @@ reference: fmb               # ratios are against this arm, paired by seed
 target: {absolute: 0.9}      # or {reference_minus_points: 0.5}: the reference's final accuracy minus 0.5
 final_evals: 5               # "final accuracy" is the mean of the last n evaluations
 metrics: [time_to_target_s, final_accuracy, samples_per_s]
+mode: run                    # or simulate: every run on a virtual clock (`switchps simulate`)
+sweep: {cluster.workers: [8, 64], train.seconds: [60, 30]}  # optional: the whole study once per column
+                             # of values (OUT/cluster.workers=8/, ...), the first key naming it
 ```
 """
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -73,6 +76,12 @@ class StudySpec(Section):
     metrics: list[str] = Field(default_factory=lambda: ["time_to_target_s", "final_accuracy", "samples_per_s"])
     smooth_evals: int = Field(5, ge=1, le=1000)
     """Time to target uses the trailing mean of this many evaluations (one digits evaluation moves by a point)."""
+    mode: Literal["run", "simulate"] = "run"
+    """run: real processes (`switchps run`); simulate: on a virtual clock (`switchps simulate`)."""
+    sweep: dict[str, list[Any]] | None = None
+    """Config keys (as in --set) and their values, lists of one length: the whole study runs once per
+    position, with every key set to its value there; the first key names the point and is the x axis.
+    ``arms.ARM.KEY`` sets one arm's field (e.g. the backup workers, as a share of the workers)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "StudySpec":
@@ -86,7 +95,35 @@ class StudySpec(Section):
             raise ValueError(f"compare_with names no arm: {missing}")
         if self.target.reference_minus_points is not None and self.reference is None:
             raise ValueError("target.reference_minus_points needs a reference arm")
+        if self.sweep is not None and (not self.sweep or len({len(v) for v in self.sweep.values()}) != 1
+                                       or not next(iter(self.sweep.values()))):
+            raise ValueError("sweep: give config keys with non-empty lists of values, all of one length")
+        bad = [k for k in self.sweep or {} if k.startswith("arms.") and (k.split(".")[1] not in self.arms
+                                                                        or len(k.split(".")) < 3)]
+        if bad:
+            raise ValueError(f"sweep: {bad} name no arm's field (arms.ARM.KEY)")
+        if self.sweep and next(iter(self.sweep)).startswith("arms."):
+            raise ValueError("sweep: the first key names the points and is the base's (e.g. cluster.workers)")
         return self
+
+    def points(self) -> list[tuple[str, "StudySpec"]]:
+        """The studies a sweep makes (``KEY=VALUE`` of its first key, and the study with the base so set),
+        or this one alone."""
+        if self.sweep is None:
+            return [("", self)]
+        out = []
+        for column in zip(*self.sweep.values()):
+            base, arms = json.loads(json.dumps(self.base)), json.loads(json.dumps(self.arms))
+            for key, v in zip(self.sweep, column):
+                if key.startswith("arms."):
+                    arm, _, field = key.removeprefix("arms.").partition(".")
+                    if arm in arms:  # not left out by --arms
+                        arms[arm][field] = v
+                else:
+                    apply_override(base, f"{key}={json.dumps(v)}")
+            point = f"{next(iter(self.sweep))}={column[0]}"
+            out.append((point, self.model_copy(update={"base": base, "arms": arms, "sweep": None})))
+        return out
 
     def run_config(self, arm: str, repeat: int, out: Path, trace: Path | None) -> RunConfig:
         """The config of ``arm`` in ``repeat``: the base, the arm's overrides, the repeat's seed, and the
@@ -98,26 +135,36 @@ class StudySpec(Section):
         overrides = [f"{key}={json.dumps(value)}" for key, value in self.arms[arm].items()]
         if trace is not None:
             overrides.append("stragglers=" + json.dumps({"trace": str(trace)}))
-        return parse_config(raw, overrides, checks=PREFLIGHT)
+        cfg = parse_config(raw, overrides, role="simulate" if self.mode == "simulate" else None, checks=PREFLIGHT)
+        if self.mode == "simulate":
+            from switchps.sim.run import check
+
+            check(cfg, time_only=False)
+        return cfg
 
 
-def load_study(path: Path, overrides: Sequence[str] = ()) -> StudySpec:
-    """A study file, checked whole: the spec, then every arm's run config (one line per problem)."""
+def load_study(path: Path, overrides: Sequence[str] = (), simulate: bool = False) -> StudySpec:
+    """A study file, checked whole: the spec, then every arm's run config at every sweep value (one line
+    per problem). ``simulate``: in simulation whatever the file's ``mode``."""
     raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a study file is a mapping (study, base, arms, ...)")
     for o in overrides:
         apply_override(raw.setdefault("base", {}), o)
+    if simulate:
+        raw["mode"] = "simulate"
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(*describe(err, raw, StudySpec)) from None
     problems: list[str] = []
-    for arm in spec.arms:
-        try:
-            spec.run_config(arm, 0, Path("runs"), None)
-        except ConfigError as e:
-            problems += [f"arms.{arm}: {p}" for p in e.problems]
+    for point, study in spec.points():
+        for arm in study.arms:
+            try:
+                study.run_config(arm, 0, Path("runs"), None)
+            except ConfigError as e:
+                where = f"sweep {point}: arms.{arm}" if point else f"arms.{arm}"
+                problems += [f"{where}: {p}" for p in e.problems if f"{where}: {p}" not in problems]
     if problems:
         raise ConfigError(*problems)
     return spec
