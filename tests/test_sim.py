@@ -261,3 +261,13 @@ def test_pushes_and_replies_share_the_ps_link(tmp_path: Path) -> None:
 def test_a_push_overhead_delays_every_push_s_arrival_by_its_seconds(tmp_path: Path) -> None:
     simulate(config(network={"push_overhead_s": 0.05}), tmp_path / "r", time_only=True)
     assert column(tmp_path / "r", "time_s") == ["0.15", "0.3", "0.45", "0.6"], "0.1 s of compute, 0.05 s in transit"
+
+
+def test_parameters_crossing_a_slow_link_are_kept_while_newer_versions_are_applied(tmp_path: Path) -> None:
+    """Under ASP a reply's parameters take time to cross the link while other pushes are applied: the
+    step they start must still be computed at the version they carry (and a transfer admitted at the
+    instant another finishes must not lose that one's arrival)."""
+    cfg = config(protocol={"name": "asp"}, train={"steps": 30}, network={"ps_link_mbit_s": 0.5},
+                 stragglers=slowdown(1, 1.3, 1.7))
+    s = simulate(cfg, tmp_path / "r")
+    assert s["updates"] == 30 and max(int(v) for v in column(tmp_path / "r", "staleness_max")) >= 1

@@ -74,6 +74,7 @@ class Simulator:
         self.rec.start(core.started_at)
         for w in self.parts.workers:
             order = core.issue(w.index, now)
+            self.learner.sent(order.version)
             self.outbound.send(partial(self._pulled, w, order))
         self._evaluate()
 
@@ -114,6 +115,7 @@ class Simulator:
         if r.order.stop:
             self.told_stop.add(r.worker)
             return
+        self.learner.sent(r.order.version)
         self.outbound.send(partial(self._replied, self.parts.workers[r.worker], r))
 
     def _replied(self, w: SimWorker, r: Release) -> None:

@@ -51,8 +51,10 @@ class Real:
         self._loaded: int | None = None  # the version in the model, if no call has changed it since
         self._stateless = not self.gc.weights.state  # a training call changes no variable but the ones we set
 
+    def sent(self, version: int) -> None:
+        self.refs[version] += 1
+
     def started(self, work: Work) -> None:
-        self.refs[work.version] += 1
         self.unscored[work.version].append(work)
 
     def loss(self, work: Work) -> float:

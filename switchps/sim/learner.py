@@ -29,8 +29,12 @@ class Learner(Protocol):
     values: np.ndarray
     trainable: int
 
+    def sent(self, version: int) -> None:
+        """``version``'s parameters left for a worker (a pull or a reply): keep that version until the step
+        they start is applied or dropped (the newer versions applied while they cross do not free it)."""
+
     def started(self, work: Work) -> None:
-        """A step began on ``work.version``: keep that version until the step is applied or dropped."""
+        """A step began on ``work.version`` (which ``sent`` kept)."""
 
     def loss(self, work: Work) -> float:
         """The step's summed loss (needed when it pushes)."""
@@ -54,6 +58,9 @@ class TimeOnly:
     def __init__(self) -> None:
         self.values = np.empty(0, np.float32)
         self.trainable = 0
+
+    def sent(self, version: int) -> None:
+        pass
 
     def started(self, work: Work) -> None:
         pass

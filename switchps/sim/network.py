@@ -34,7 +34,9 @@ class Wire:
             self._check_at.cancel()
         self._check_at = None
         if self._flying and self.link is not None:
-            self._check_at = self.loop.at(self.link.finish_time(self._flying[0][0]), self._check)
+            head = self._flying[0][0]  # finished already if an admission at its finish time retired it
+            at = self.loop.now if self.link.done(head) else self.link.finish_time(head)
+            self._check_at = self.loop.at(at, self._check)
 
     def _check(self) -> None:
         link = self.link
