@@ -125,14 +125,15 @@ def build_config(case: Case, seed: int, out: Path) -> RunConfig:
         "seed": seed,
         "cluster": {"workers": case.workers},
         "model": {"name": "logreg"},
-        "data": {"name": "synthetic", "num_samples": 1000, "num_features": 4, "num_classes": 2},
+        "data": {"name": "synthetic", "num_samples": 1000, "num_features": 4, "num_classes": 2,
+                 "sampling": "replacement"},  # 1,024 workers cannot each have a partition of 800 samples
         "protocol": {"batch": 1, "deadline_s": 1e6, **case.protocol},
         "train": {"steps": case.warmup + case.updates + 1},
         "device": {"samples_per_s": case.samples_per_s},
         "stragglers": {"shifted_exponential": {"shift_s": case.shift_s, "rate_per_s": MU}},
         "checkpoint": {"every_s": None},
         "output": {"dir": str(out)},
-    })
+    }, role="simulate")
 
 
 def read_ps(path: Path) -> dict[str, np.ndarray]:
