@@ -1,0 +1,117 @@
+"""bench/sim_vs_real.py on a tiny real study: its help, ``fit`` and ``compare`` as commands, the JSON they
+print, and that every simulation replayed its real run's straggler delays step by step."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from switchps.runrecord import read_csv
+from switchps.straggler_trace import load_trace
+
+from test_launch import SWITCHPS
+
+BENCH = str(Path(__file__).resolve().parents[1] / "bench" / "sim_vs_real.py")
+METRICS = {"seconds_per_update", "samples_per_s", "staleness_mean", "time_to_target_s", "final_accuracy"}
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def real_study(tmp_path_factory) -> Path:
+    """A real study: 2 workers behind an emulated link, FMB records a straggler trace and ASP replays it,
+    10 updates each."""
+    tmp = tmp_path_factory.mktemp("simreal")
+    study = tmp / "mini.yaml"
+    study.write_text(json.dumps({
+        "study": "mini", "repeats": 1, "reference": "fmb", "target": {"absolute": 0.2},
+        "metrics": ["time_to_target_s", "final_accuracy"],
+        "base": {"cluster": {"workers": 2}, "model": {"name": "logreg"}, "data": {"name": "digits"},
+                 "protocol": {"name": "fmb", "batch": 16, "micro_batch": 4}, "train": {"steps": 10},
+                 "eval": {"every_s": 0.5}, "device": {"samples_per_s": 320.0}, "network": {"ps_link_mbit_s": 20.0},
+                 "stragglers": {"mixture": {"preset": "niagara", "scale": 0.05}}},
+        "arms": {"fmb": {}, "asp": {"protocol.name": "asp"}}}))
+    proc = subprocess.run([SWITCHPS, "study", str(study), "--out", str(tmp / "real"), "--quiet"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "real"
+
+
+def test_help_names_both_commands():
+    top, cmp, fit = bench("--help"), bench("compare", "--help"), bench("fit", "--help")
+    assert top.returncode == cmp.returncode == fit.returncode == 0
+    assert "compare" in top.stdout and "fit" in top.stdout
+    assert "--overhead" in cmp.stdout and "REAL_STUDY_DIR" in fit.stdout
+
+
+def sleeps(run_dir: Path) -> dict[tuple[int, int], float]:
+    w = read_csv(run_dir / "workers.csv")
+    return {(int(a), int(b)): float(s) for a, b, s in zip(w["worker"], w["step"], w["sleep_s"])}
+
+
+@pytest.mark.integration
+def test_fit_then_compare_replay_the_real_delays_and_report_every_arm(real_study, tmp_path):
+    fit = bench("fit", str(real_study))
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    fitted = json.loads(fit.stdout, parse_constant=pytest.fail)
+    assert set(fitted["per_arm"]) == {"mini/fmb", "mini/asp"}
+    assert fitted["command"].endswith(f"compare {real_study} --overhead {fitted['fitted_push_overhead_s']}")
+    for arm in fitted["per_arm"].values():
+        (run,) = arm["runs"]
+        assert run["link_s"] > 2 * 2600 * 8 / 20e6, "logreg's 2,600 bytes each way at 20 Mbit/s, at least"
+        assert run["rpc_s"] > run["link_s"], "a real push costs more than its link time"
+        assert run["overhead_s"] == pytest.approx(run["rpc_s"] + run["local_s"] - run["link_s"])
+    pooled = sum(r["overhead_s"] * r["steps"] for a in fitted["per_arm"].values() for r in a["runs"]) / \
+        sum(r["steps"] for a in fitted["per_arm"].values() for r in a["runs"])
+    assert fitted["fitted_push_overhead_s"] == pytest.approx(max(0.0, pooled), abs=1e-6)
+
+    cmp = bench("compare", str(real_study), "--out", str(tmp_path))  # overhead 0
+    result = json.loads(cmp.stdout, parse_constant=pytest.fail)
+    assert cmp.returncode == (1 if result["failed"] else 0) and result["passed"] == (not result["failed"])
+    study = result["studies"]["mini"]
+    assert study["target"] == 0.2 and set(study["arms"]) == {"fmb", "asp"}
+    for arm in study["arms"].values():
+        assert arm["seeds"] == 1 and set(arm["metrics"]) == METRICS
+        for m in arm["metrics"].values():
+            assert {"real", "sim", "diff", "tolerance", "pass"} <= set(m)
+            if m["real"] is not None and m["sim"] is not None and m["real_missing"] == m["sim_missing"]:
+                assert m["pass"] == (m["diff"] is not None and abs(m["diff"]) <= m["tolerance"])
+    assert study["arms"]["fmb"]["metrics"]["staleness_mean"]["real"] == 0.0
+    assert study["arms"]["asp"]["metrics"]["staleness_mean"]["sim"] > 0
+    for arm in study["arms"].values():  # a simulated push costs its link time and nothing else (link_s's
+        # mean sharing delay per transfer also counts the two initial pulls, which share the link: < 0.5 ms)
+        assert arm["diagnostics"]["rpc_s"]["sim"] == pytest.approx(arm["diagnostics"]["link_s"]["sim"], abs=5e-4)
+
+    for run in study["runs"]:
+        real, sim = Path(run["real_dir"]), Path(run["sim_dir"])
+        cfg = yaml.safe_load((sim / "config.yaml").read_text())
+        assert cfg["stragglers"]["trace"] == str(real / "stragglers.csv") and cfg["network"]["push_overhead_s"] == 0
+        assert cfg["seed"] == yaml.safe_load((real / "config.yaml").read_text())["seed"]
+        a, b = load_trace(real / "stragglers.csv"), load_trace(sim / "stragglers.csv")
+        common = a.keys() & b.keys()
+        assert len(common) >= 10 and all(a[k] == b[k] for k in common), "the same delays at every step"
+        assert any(a[k].sleep_s > 0 for k in common)
+        r, s = sleeps(real), sleeps(sim)
+        both = r.keys() & s.keys()
+        assert len(both) >= 10 and all(math.isclose(r[k], s[k], rel_tol=1e-4, abs_tol=1e-6) for k in both)
+        assert run["trace_check"]["trace_steps_differing"] == run["trace_check"]["sleep_rows_differing"] == 0
+
+
+@pytest.mark.integration
+def test_an_overhead_is_paid_by_every_simulated_push(real_study, tmp_path):
+    cmp = bench("compare", str(real_study), "--overhead", "0.05", "--out", str(tmp_path))
+    result = json.loads(cmp.stdout, parse_constant=pytest.fail)
+    assert result["overhead_s"] == 0.05
+    for arm in result["studies"]["mini"]["arms"].values():  # CSV and summary rounding
+        d = arm["diagnostics"]
+        assert d["rpc_s"]["sim"] - d["link_s"]["sim"] == pytest.approx(0.05, abs=5e-4)
+    runs = result["studies"]["mini"]["runs"]
+    assert all(Path(r["sim_dir"]).parent.parent.name == "o0.05" for r in runs)
