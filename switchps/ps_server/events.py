@@ -76,9 +76,6 @@ class Aggregate:
     workers: set[int] = field(default_factory=set, repr=False, compare=False)
     """The members' workers, kept by ``protocols.join`` (a round's checks are O(1) per push)."""
 
-    def __post_init__(self) -> None:
-        self.workers.update(m.worker for m in self.members)
-
 
 @dataclass
 class Membership:
@@ -264,4 +261,5 @@ def aggregate_from(d: dict[str, Any] | None, now: float) -> Aggregate | None:
     if d is None:
         return None
     members = [push_from(m, now) for m in d["members"]]
-    return Aggregate(now + d["started"], members, sum(m.samples for m in members), d["id"])
+    return Aggregate(now + d["started"], members, sum(m.samples for m in members), d["id"],
+                     {m.worker for m in members})

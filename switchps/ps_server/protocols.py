@@ -198,7 +198,7 @@ class Rounds(SyncProtocol):
 
 def _damped(s: Settings, p: Push) -> Update:
     """A single push as an update, with lr / (1 + staleness) if ``staleness_lr``."""
-    return Update(Aggregate(started=p.arrived, members=[p], samples=p.samples),
+    return Update(join(Aggregate(started=p.arrived), p),
                   1.0 / (1 + p.staleness) if s.staleness_lr else 1.0)
 
 
