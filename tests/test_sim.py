@@ -5,6 +5,7 @@ gradients equal to the worker's own, and a run directory every command reads."""
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import subprocess
 import sys
@@ -181,6 +182,27 @@ def test_ctrl_c_leaves_a_valid_partial_run(tmp_path: Path, monkeypatch: pytest.M
         simulate(config(train={"steps": 10}), tmp_path / "r", time_only=True)
     summary = json.loads((tmp_path / "r" / "summary.json").read_text(), parse_constant=_no_constants)
     assert summary["interrupted"] and summary["updates"] == 3 and len(rows(tmp_path / "r")) == 2
+    assert gc.get_freeze_count() == 0, "an interrupted run unfreezes what it froze"
+
+
+def test_a_run_freezes_the_collector_only_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    frozen: list[int] = []
+    start = driver.Simulator.start
+
+    def start_and_look(self: driver.Simulator) -> None:
+        frozen.append(gc.get_freeze_count())
+        start(self)
+
+    monkeypatch.setattr(driver.Simulator, "start", start_and_look)
+    simulate(config(), tmp_path / "r", time_only=True)
+    assert frozen[0] > 0 and gc.get_freeze_count() == 0
+    gc.freeze()  # a caller's own freeze is its own: the run neither adds to it nor undoes it
+    try:
+        before = gc.get_freeze_count()
+        simulate(config(), tmp_path / "again", time_only=True)
+        assert 0 < frozen[1] <= before and gc.get_freeze_count() > 0  # (objects freed leave the count)
+    finally:
+        gc.unfreeze()
 
 
 def _no_constants(name: str) -> None:
