@@ -4,7 +4,8 @@
 staleness, samples in the update and the protocol in force (its index in ``PROTOCOLS``, and a text
 entry at each change); per flush: samples/s; per worker step of workers 0 to 63 (step = the worker's
 step): its step time (a larger run's others are in workers.csv: ten thousand tags help nobody, and
-cost a simulation a tenth of its time); per evaluation: test accuracy and loss. `tensorboard --logdir runs/` shows every run.
+cost a simulation a tenth of its time); per evaluation: test accuracy and loss. `tensorboard --logdir
+runs/` shows every run.
 """
 
 from __future__ import annotations

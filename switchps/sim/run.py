@@ -37,10 +37,6 @@ EVENTS_PER_TURN = 2000
 """Events between two looks at the progress bar and the record's buffers."""
 REFRESH_S = 0.2
 """The progress bar is redrawn at most this often (by this thread: rich's own refresh thread is off)."""
-# While the loop runs, what exists before it (the workers, their generators, the model, TensorFlow's
-# objects) is frozen out of the cyclic collector: its full collections otherwise traverse all of it again
-# and again. At 10,000 workers they took 3 s of 11 (time only, 100,000 worker steps), 1.1 s frozen.
-# Reference counting still frees frozen objects; ``unfreeze`` hands them back when the run ends.
 
 
 def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: bool = True) -> dict[str, Any]:
@@ -64,6 +60,10 @@ def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: b
                   [SimWorker(cfg, i, rows) for i in range(cfg.cluster.num_workers)], link)
     sim = Simulator(cfg, parts, loop)
     started, interrupted = time.monotonic(), False
+    # While the loop runs, what exists before it (the workers, their generators, the model, TensorFlow's
+    # objects) is frozen out of the cyclic collector, whose full collections otherwise traverse all of it
+    # again and again: at 10,000 workers 3 s of 11 (time only, 100,000 worker steps), 1.1 s frozen.
+    # Reference counting still frees frozen objects; ``unfreeze`` hands them back when the run ends.
     freeze = gc.get_freeze_count() == 0  # a caller's own freeze is left alone
     if freeze:
         gc.freeze()

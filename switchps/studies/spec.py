@@ -98,8 +98,8 @@ class StudySpec(Section):
         if self.sweep is not None and (not self.sweep or len({len(v) for v in self.sweep.values()}) != 1
                                        or not next(iter(self.sweep.values()))):
             raise ValueError("sweep: give config keys with non-empty lists of values, all of one length")
-        bad = [k for k in self.sweep or {} if k.startswith("arms.") and (k.split(".")[1] not in self.arms
-                                                                        or len(k.split(".")) < 3)]
+        bad = [k for k in self.sweep or {} if k.startswith("arms.") and (arm_field(k)[0] not in self.arms
+                                                                        or not arm_field(k)[1])]
         if bad:
             raise ValueError(f"sweep: {bad} name no arm's field (arms.ARM.KEY)")
         if self.sweep and next(iter(self.sweep)).startswith("arms."):
@@ -116,7 +116,7 @@ class StudySpec(Section):
             base, arms = json.loads(json.dumps(self.base)), json.loads(json.dumps(self.arms))
             for key, v in zip(self.sweep, column):
                 if key.startswith("arms."):
-                    arm, _, field = key.removeprefix("arms.").partition(".")
+                    arm, field = arm_field(key)
                     if arm in arms:  # not left out by --arms
                         arms[arm][field] = v
                 else:
@@ -143,6 +143,12 @@ class StudySpec(Section):
         return cfg
 
 
+def arm_field(key: str) -> tuple[str, str]:
+    """A sweep key ``arms.ARM.KEY``'s arm and field (the field empty if it names none)."""
+    arm, _, field = key.removeprefix("arms.").partition(".")
+    return arm, field
+
+
 def load_study(path: Path, overrides: Sequence[str] = (), simulate: bool = False) -> StudySpec:
     """A study file, checked whole: the spec, then every arm's run config at every sweep value (one line
     per problem). ``simulate``: in simulation whatever the file's ``mode``."""
@@ -164,7 +170,7 @@ def load_study(path: Path, overrides: Sequence[str] = (), simulate: bool = False
                 study.run_config(arm, 0, Path("runs"), None)
             except ConfigError as e:
                 where = f"sweep {point}: arms.{arm}" if point else f"arms.{arm}"
-                problems += [f"{where}: {p}" for p in e.problems if f"{where}: {p}" not in problems]
+                problems += [f"{where}: {p}" for p in e.problems]
     if problems:
         raise ConfigError(*problems)
     return spec
