@@ -19,18 +19,24 @@ many updates behind the PS the evaluated version was. ``trace_check`` confirms e
 the real delays: stragglers.csv rows and workers.csv sleep_s per (worker, step) agree. Exits 1 when a
 tolerance fails.
 
-``fit``: ``network.push_overhead_s`` from the real runs' records alone. A simulated step costs its compute,
-sleeps, the PS's wait, its link transfers and the overhead, nothing else, so the overhead is what a real
-step costs beyond those: ``rpc_s + local_s - link_s``, the link time being the PS's own record of its
-emulated link in that run, averaged over every step of every run. (Subtracting a simulation's link time
+``fit``: ``network.push_overhead_s`` and ``network.push_jitter_s`` from the real runs' records alone. A
+simulated step costs its compute, sleeps, the PS's wait, its link transfers and the overhead, nothing
+else, so the overhead is what a real step costs beyond those: ``rpc_s + local_s - link_s``, the link time
+being the PS's own record of its emulated link in that run. (Subtracting a simulation's link time
 instead would mix in how differently the workers crowd the link in the two runs, which depends on their
-timing, not on a per-push cost: see ``bunched``.) Per-arm estimates are printed beside the pooled one.
+timing, not on a per-push cost: see ``bunched``.) That cost is not constant: scheduling and RPC noise
+keep real workers out of lockstep, and simulated ones without it finish their link transfers together
+and stay in step. The simulator models it as a constant plus an exponential jitter. The jitter's mean is
+the exponential scale of the per-step cost, (q75 - q25) / ln 3 (robust to the rare long pauses), pooled
+over the steps of runs without an emulated link, where the cost is seen alone (behind a link each step's
+share of it varies with the crowd); the constant is the mean over every step of every run less the
+jitter. Per-arm estimates are printed beside the pooled ones.
 
-    python bench/sim_vs_real.py compare REAL_STUDY_DIR... [--overhead S] [--out DIR]
+    python bench/sim_vs_real.py compare REAL_STUDY_DIR... [--overhead S] [--jitter S] [--out DIR]
     python bench/sim_vs_real.py fit REAL_STUDY_DIR...
 
-With ``--out`` the simulated runs are kept there (OUT/o<overhead>/<study>/<arm>-<repeat>) and reused
-by a later call with the same overhead; without it they go to a temporary directory.
+With ``--out`` the simulated runs are kept there (OUT/o<overhead>-j<jitter>/<study>/<arm>-<repeat>) and
+reused by a later call with the same overhead and jitter; without it they go to a temporary directory.
 """
 
 from __future__ import annotations
@@ -92,14 +98,14 @@ def trace_of(real_dir: Path) -> Path | None:
     return Path(raw) if raw else None
 
 
-def simulated(real_dir: Path, sim_dir: Path, overhead: float) -> Path:
+def simulated(real_dir: Path, sim_dir: Path, overhead: float, jitter: float) -> Path:
     """``real_dir``'s run simulated into ``sim_dir`` (reused if a finished one is there)."""
     from switchps.sim.run import simulate
 
     if (sim_dir / "summary.json").exists():
         return sim_dir
     shutil.rmtree(sim_dir, ignore_errors=True)  # a simulation cut short
-    overrides = [f"network.push_overhead_s={overhead!r}"]
+    overrides = [f"network.push_overhead_s={overhead!r}", f"network.push_jitter_s={jitter!r}"]
     trace = trace_of(real_dir)
     if trace is not None:
         overrides.append("stragglers=" + json.dumps({"trace": str(trace)}))
@@ -127,6 +133,14 @@ def by_worker(run_dir: Path) -> dict[str, np.ndarray]:
     follows = np.zeros(len(w["step"]), bool)
     follows[1:] = (np.diff(w["worker"]) == 0) & (np.diff(w["step"]) == 1)
     return {**w, "follows": follows}
+
+
+def step_extra(run_dir: Path) -> np.ndarray:
+    """Each step's cost beyond its compute, sleeps, the PS's wait and the link's mean time:
+    ``rpc_s + local_s - link_s`` per step (the module docstring)."""
+    w = by_worker(run_dir)
+    gap = np.diff(w["time_s"], prepend=np.nan)
+    return (gap - w["compute_s"] - w["sleep_s"] - w["wait_s"])[w["follows"]] - link_s(run_dir)
 
 
 def step_costs(run_dir: Path) -> dict[str, float]:
@@ -227,11 +241,12 @@ def judge(metric: str, real: list[float | None], sim: list[float | None]) -> dic
             "real_missing": r_missing, "sim_missing": s_missing}
 
 
-def simulate_study(study: Study, out: Path, overhead: float) -> list[dict[str, Any]]:
-    """Every run of ``study`` simulated at ``overhead``, measured beside its real run."""
+def simulate_study(study: Study, out: Path, overhead: float, jitter: float) -> list[dict[str, Any]]:
+    """Every run of ``study`` simulated at ``overhead`` and ``jitter``, measured beside its real run."""
     rows = []
     for (arm, repeat), real_dir in study.runs.items():
-        sim_dir = simulated(real_dir, out / f"o{overhead:g}" / study.name / f"{arm}-{repeat}", overhead)
+        sim_dir = simulated(real_dir, out / f"o{overhead:g}-j{jitter:g}" / study.name / f"{arm}-{repeat}",
+                            overhead, jitter)
         rows.append({"arm": arm, "repeat": repeat, "real_dir": str(real_dir), "sim_dir": str(sim_dir),
                      "trace": str(trace) if (trace := trace_of(real_dir)) else None, "real": measure(real_dir, study),
                      "sim": measure(sim_dir, study), "trace_check": trace_check(real_dir, sim_dir)})
@@ -251,14 +266,14 @@ def arm_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return arms
 
 
-def compare(studies: list[Study], out: Path, overhead: float) -> dict[str, Any]:
+def compare(studies: list[Study], out: Path, overhead: float, jitter: float) -> dict[str, Any]:
     """The ``compare`` result: per study its target, arms and runs; which tolerances failed."""
-    result: dict[str, Any] = {"benchmark": "sim_vs_real", "overhead_s": overhead,
+    result: dict[str, Any] = {"benchmark": "sim_vs_real", "overhead_s": overhead, "jitter_s": jitter,
                               "tolerances": {m: {"unit": k, "tolerance": t} for m, (k, t) in TOLERANCES.items()},
                               "studies": {}}
     failed = []
     for study in studies:
-        rows = simulate_study(study, out, overhead)
+        rows = simulate_study(study, out, overhead, jitter)
         arms = arm_table(rows)
         failed += [f"{study.name}/{arm}/{m}" for arm, a in arms.items() for m, j in a["metrics"].items()
                    if not j["pass"]]
@@ -266,26 +281,42 @@ def compare(studies: list[Study], out: Path, overhead: float) -> dict[str, Any]:
     return {**result, "failed": failed, "passed": not failed}
 
 
+def exponential_scale(x: np.ndarray) -> float:
+    """The scale of a shifted exponential fitted to ``x`` by its quartiles: (q75 - q25) / ln 3."""
+    q25, q75 = np.percentile(x, [25, 75])
+    return float((q75 - q25) / math.log(3))
+
+
 def fit(studies: list[Study], dirs: list[Path]) -> dict[str, Any]:
-    """``network.push_overhead_s`` from the real runs' own records (module docstring), pooled over steps."""
+    """``network.push_overhead_s`` and ``push_jitter_s`` from the real runs' own records (module
+    docstring), pooled over steps."""
     per_arm: dict[str, Any] = {}
-    total = steps = 0.0
+    every, alone = [], []  # each step's cost: of every run, of runs without an emulated link
     for study in studies:
         for (arm, repeat), real_dir in study.runs.items():
-            c = step_costs(real_dir)
-            link = link_s(real_dir)
-            extra = c["rpc_s"] + c["local_s"] - link
-            total, steps = total + c["steps"] * extra, steps + c["steps"]
+            c, link, extra = step_costs(real_dir), link_s(real_dir), step_extra(real_dir)
+            every.append(extra)
+            if link == 0:
+                alone.append(extra)
             entry = per_arm.setdefault(f"{study.name}/{arm}", {"runs": []})
             entry["runs"].append({"repeat": repeat, "rpc_s": c["rpc_s"], "local_s": c["local_s"], "link_s": link,
-                                  "overhead_s": extra, "steps": c["steps"]})
+                                  "overhead_s": float(np.mean(extra)) if len(extra) else math.nan,
+                                  "jitter_s": exponential_scale(extra) if link == 0 and len(extra) else None,
+                                  "steps": c["steps"]})
     for entry in per_arm.values():
         entry["overhead_s"] = float(np.mean([r["overhead_s"] for r in entry["runs"]]))
-    fitted = round(max(0.0, total / steps), 6) if steps else 0.0
-    return {"benchmark": "sim_vs_real_fit", "fitted_push_overhead_s": fitted,
-            "estimator": "mean over every real step of send_s - wait_s + local_s - link_s (module docstring)",
-            "per_arm": per_arm, "set": f"--set network.push_overhead_s={fitted}",
-            "command": f"python bench/sim_vs_real.py compare {' '.join(map(str, dirs))} --overhead {fitted}"}
+    pooled = np.concatenate(every) if every else np.empty(0)
+    seen = np.concatenate(alone) if alone else np.empty(0)
+    jitter = round(max(0.0, exponential_scale(seen)), 6) if len(seen) else 0.0
+    overhead = round(max(0.0, float(np.mean(pooled)) - jitter), 6) if len(pooled) else 0.0
+    return {"benchmark": "sim_vs_real_fit", "fitted_push_overhead_s": overhead, "fitted_push_jitter_s": jitter,
+            "jitter_steps": int(len(seen)),
+            "estimator": "jitter: (q75 - q25) / ln 3 of send_s - wait_s + local_s per step of the runs without an "
+                         "emulated link; overhead: the mean over every step of every run of send_s - wait_s + "
+                         "local_s - link_s, less the jitter (module docstring)",
+            "per_arm": per_arm, "set": f"--set network.push_overhead_s={overhead} --set network.push_jitter_s={jitter}",
+            "command": f"python bench/sim_vs_real.py compare {' '.join(map(str, dirs))} --overhead {overhead} "
+                       f"--jitter {jitter}"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     cmp = sub.add_parser("compare", help="simulate every real run and compare per arm (exit 1 on a failure)")
     cmp.add_argument("--overhead", type=float, default=0.0, help="network.push_overhead_s of the simulations")
+    cmp.add_argument("--jitter", type=float, default=0.0, help="network.push_jitter_s of the simulations")
     cmp.add_argument("--out", type=Path, help="keep the simulated runs here (and reuse them)")
-    fit_ = sub.add_parser("fit", help="fit network.push_overhead_s from the real runs' records")
+    fit_ = sub.add_parser("fit", help="fit network.push_overhead_s and push_jitter_s from the real runs' records")
     for p in (cmp, fit_):
         p.add_argument("studies", nargs="+", type=Path, metavar="REAL_STUDY_DIR",
                        help="a real study's --out (runs.jsonl and study.json)")
@@ -305,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="switchps-simreal-"))
     try:
-        result = compare(studies, out, args.overhead)
+        result = compare(studies, out, args.overhead, args.jitter)
     finally:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)

@@ -251,6 +251,10 @@ class NetworkSpec(Section):
     """A simulation only: seconds each push costs beyond the link model (serialization, the RPC, the PS's
     work), added to its way in; a real run pays its own. Fit it from a real run with
     `python bench/sim_vs_real.py fit REAL_STUDY_DIR`."""
+    push_jitter_s: float = Field(0.0, ge=0, le=60)
+    """A simulation only: the mean of an exponential delay added to each push on top of
+    ``push_overhead_s``, drawn per (seed, worker, step): the scheduling and RPC noise that keeps real
+    workers out of lockstep. Fitted with ``push_overhead_s``."""
 
 
 class TrainSpec(Section):

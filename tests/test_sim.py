@@ -285,6 +285,24 @@ def test_a_push_overhead_delays_every_push_s_arrival_by_its_seconds(tmp_path: Pa
     assert column(tmp_path / "r", "time_s") == ["0.15", "0.3", "0.45", "0.6"], "0.1 s of compute, 0.05 s in transit"
 
 
+def test_push_jitter_breaks_the_lockstep_of_identical_workers_and_is_drawn_per_worker_and_step(
+        tmp_path: Path) -> None:
+    """Identical ASP workers on a shared link finish their transfers together and stay in lockstep
+    forever; a jitter of mean 10 ms on each push spreads them, the same way in every run."""
+    base = {"protocol": {"name": "asp"}, "train": {"steps": 60}, "network": {"ps_link_mbit_s": 0.208}}
+    simulate(config(**base), tmp_path / "still")
+    jittered = config(**{**base, "network": {"ps_link_mbit_s": 0.208, "push_jitter_s": 0.01}})
+    for run in ("a", "b"):
+        simulate(jittered, tmp_path / run)
+
+    def gaps(run: str) -> np.ndarray:
+        return np.diff(np.sort([float(t) for t in column(tmp_path / run, "time_s", "workers.csv")]))
+
+    assert np.mean(gaps("still") < 1e-9) >= 0.6, "without jitter the 3 workers' pushes arrive together"
+    assert np.mean(gaps("a") < 1e-9) < 0.05, "with it they spread out"
+    assert (tmp_path / "a" / "workers.csv").read_bytes() == (tmp_path / "b" / "workers.csv").read_bytes()
+
+
 def test_parameters_crossing_a_slow_link_are_kept_while_newer_versions_are_applied(tmp_path: Path) -> None:
     """Under ASP a reply's parameters take time to cross the link while other pushes are applied: the
     step they start must still be computed at the version they carry (and a transfer admitted at the

@@ -28,7 +28,7 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def real_study(tmp_path_factory) -> Path:
     """A real study: 2 workers behind an emulated link, FMB records a straggler trace and ASP replays it,
-    10 updates each."""
+    10 updates each; and FMB again without the link ("alone"), where a push's own cost is seen alone."""
     tmp = tmp_path_factory.mktemp("simreal")
     study = tmp / "mini.yaml"
     study.write_text(json.dumps({
@@ -38,7 +38,7 @@ def real_study(tmp_path_factory) -> Path:
                  "protocol": {"name": "fmb", "batch": 16, "micro_batch": 4}, "train": {"steps": 10},
                  "eval": {"every_s": 0.5}, "device": {"samples_per_s": 320.0}, "network": {"ps_link_mbit_s": 20.0},
                  "stragglers": {"mixture": {"preset": "niagara", "scale": 0.05}}},
-        "arms": {"fmb": {}, "asp": {"protocol.name": "asp"}}}))
+        "arms": {"fmb": {}, "asp": {"protocol.name": "asp"}, "alone": {"network.ps_link_mbit_s": None}}}))
     proc = subprocess.run([SWITCHPS, "study", str(study), "--out", str(tmp / "real"), "--quiet"],
                           capture_output=True, text=True, timeout=300, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -49,7 +49,7 @@ def test_help_names_both_commands():
     top, cmp, fit = bench("--help"), bench("compare", "--help"), bench("fit", "--help")
     assert top.returncode == cmp.returncode == fit.returncode == 0
     assert "compare" in top.stdout and "fit" in top.stdout
-    assert "--overhead" in cmp.stdout and "REAL_STUDY_DIR" in fit.stdout
+    assert "--overhead" in cmp.stdout and "--jitter" in cmp.stdout and "REAL_STUDY_DIR" in fit.stdout
 
 
 def sleeps(run_dir: Path) -> dict[tuple[int, int], float]:
@@ -62,22 +62,28 @@ def test_fit_then_compare_replay_the_real_delays_and_report_every_arm(real_study
     fit = bench("fit", str(real_study))
     assert fit.returncode == 0, fit.stderr[-3000:]
     fitted = json.loads(fit.stdout, parse_constant=pytest.fail)
-    assert set(fitted["per_arm"]) == {"mini/fmb", "mini/asp"}
-    assert fitted["command"].endswith(f"compare {real_study} --overhead {fitted['fitted_push_overhead_s']}")
-    for arm in fitted["per_arm"].values():
+    assert set(fitted["per_arm"]) == {"mini/fmb", "mini/asp", "mini/alone"}
+    overhead, jitter = fitted["fitted_push_overhead_s"], fitted["fitted_push_jitter_s"]
+    assert fitted["command"].endswith(f"compare {real_study} --overhead {overhead} --jitter {jitter}")
+    for name, arm in fitted["per_arm"].items():
         (run,) = arm["runs"]
-        assert run["link_s"] > 2 * 2600 * 8 / 20e6, "logreg's 2,600 bytes each way at 20 Mbit/s, at least"
-        assert run["rpc_s"] > run["link_s"], "a real push costs more than its link time"
         assert run["overhead_s"] == pytest.approx(run["rpc_s"] + run["local_s"] - run["link_s"])
+        if name == "mini/alone":
+            assert run["link_s"] == 0 and run["jitter_s"] > 0, "the cost's spread is measured without a link"
+            assert fitted["jitter_steps"] == run["steps"] and jitter == pytest.approx(run["jitter_s"], abs=1e-6)
+        else:
+            assert run["link_s"] > 2 * 2600 * 8 / 20e6, "logreg's 2,600 bytes each way at 20 Mbit/s, at least"
+            assert run["rpc_s"] > run["link_s"], "a real push costs more than its link time"
+            assert run["jitter_s"] is None, "behind a link a step's cost varies with the crowd"
     pooled = sum(r["overhead_s"] * r["steps"] for a in fitted["per_arm"].values() for r in a["runs"]) / \
         sum(r["steps"] for a in fitted["per_arm"].values() for r in a["runs"])
-    assert fitted["fitted_push_overhead_s"] == pytest.approx(max(0.0, pooled), abs=1e-6)
+    assert overhead == pytest.approx(max(0.0, pooled - jitter), abs=1e-6), "the constant keeps the mean cost"
 
     cmp = bench("compare", str(real_study), "--out", str(tmp_path))  # overhead 0
     result = json.loads(cmp.stdout, parse_constant=pytest.fail)
     assert cmp.returncode == (1 if result["failed"] else 0) and result["passed"] == (not result["failed"])
     study = result["studies"]["mini"]
-    assert study["target"] == 0.2 and set(study["arms"]) == {"fmb", "asp"}
+    assert study["target"] == 0.2 and set(study["arms"]) == {"fmb", "asp", "alone"}
     for arm in study["arms"].values():
         assert arm["seeds"] == 1 and set(arm["metrics"]) == METRICS
         for m in arm["metrics"].values():
@@ -94,6 +100,7 @@ def test_fit_then_compare_replay_the_real_delays_and_report_every_arm(real_study
         real, sim = Path(run["real_dir"]), Path(run["sim_dir"])
         cfg = yaml.safe_load((sim / "config.yaml").read_text())
         assert cfg["stragglers"]["trace"] == str(real / "stragglers.csv") and cfg["network"]["push_overhead_s"] == 0
+        assert cfg["network"]["push_jitter_s"] == 0
         assert cfg["seed"] == yaml.safe_load((real / "config.yaml").read_text())["seed"]
         a, b = load_trace(real / "stragglers.csv"), load_trace(sim / "stragglers.csv")
         common = a.keys() & b.keys()
@@ -107,11 +114,13 @@ def test_fit_then_compare_replay_the_real_delays_and_report_every_arm(real_study
 
 @pytest.mark.integration
 def test_an_overhead_is_paid_by_every_simulated_push(real_study, tmp_path):
-    cmp = bench("compare", str(real_study), "--overhead", "0.05", "--out", str(tmp_path))
+    cmp = bench("compare", str(real_study), "--overhead", "0.05", "--jitter", "0.001", "--out", str(tmp_path))
     result = json.loads(cmp.stdout, parse_constant=pytest.fail)
-    assert result["overhead_s"] == 0.05
+    assert result["overhead_s"] == 0.05 and result["jitter_s"] == 0.001
     for arm in result["studies"]["mini"]["arms"].values():  # CSV and summary rounding
         d = arm["diagnostics"]
-        assert d["rpc_s"]["sim"] - d["link_s"]["sim"] == pytest.approx(0.05, abs=5e-4)
+        assert d["rpc_s"]["sim"] - d["link_s"]["sim"] == pytest.approx(0.051, abs=1e-3), "0.05 s + 1 ms on average"
     runs = result["studies"]["mini"]["runs"]
-    assert all(Path(r["sim_dir"]).parent.parent.name == "o0.05" for r in runs)
+    assert all(Path(r["sim_dir"]).parent.parent.name == "o0.05-j0.001" for r in runs)
+    for r in runs:
+        assert yaml.safe_load((Path(r["sim_dir"]) / "config.yaml").read_text())["network"]["push_jitter_s"] == 0.001

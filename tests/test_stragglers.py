@@ -10,6 +10,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from switchps.config import ConfigError, parse_config
+from switchps.step_random import StepRandom, Stream
 from switchps.straggler_trace import TRACE_COLUMNS, StepDelays, load_trace
 from switchps.straggler_config import (
     CommDelaySpec, MixtureSpec, ShiftedExponentialSpec, SlowdownSpec, StragglerSpec, TransientSpec,
@@ -57,7 +58,7 @@ def test_draws_are_clipped(monkeypatch: pytest.MonkeyPatch) -> None:
             return -40.0  # |5 - 40 * .3| = 7 > 6.5
 
     inj = StragglerInjector(StragglerSpec(mixture=MixtureSpec(preset="niagara")), seed=0, worker=0, num_workers=1)
-    monkeypatch.setattr(inj, "_gen", Tail())
+    monkeypatch.setattr(inj._random, "_gen", Tail())
     assert inj.plan(0, 0.0).sleep_s == 6.5
 
 
@@ -328,9 +329,11 @@ def test_shifted_exponential_config_errors_name_the_field() -> None:
 
 
 def test_a_step_s_draws_are_its_own_and_do_not_run_into_the_next_step_s() -> None:
-    inj = StragglerInjector(StragglerSpec(), seed=3, worker=1, num_workers=2)
-    steps = [inj._rng(4, k).random(8) for k in range(50)]
-    assert np.array_equal(inj._rng(4, 7).random(8), steps[7]), "a step's draws are a pure function of it"
+    rnd = StepRandom(3)
+    steps = [rnd.at(1, Stream.SHIFTED_EXP, k).random(8) for k in range(50)]
+    rnd.at(0, Stream.MIXTURE, 7).random(3)  # another worker and stream in between change nothing
+    assert np.array_equal(rnd.at(1, Stream.SHIFTED_EXP, 7).random(8), steps[7]), "a step's draws are a pure function of it"
     assert len({float(v) for s in steps for v in s}) == 50 * 8, "no draw of one step reappears in another"
-    other = StragglerInjector(StragglerSpec(), seed=3, worker=0, num_workers=2)
-    assert not np.array_equal(other._rng(4, 7).random(8), steps[7]), "each worker has its own key"
+    assert not np.array_equal(rnd.at(0, Stream.SHIFTED_EXP, 7).random(8), steps[7]), "each worker has its own key"
+    assert not np.array_equal(rnd.at(1, Stream.PUSH_JITTER, 7).random(8), steps[7]), "each stream has its own key"
+    assert np.array_equal(StepRandom(3).at(1, Stream.SHIFTED_EXP, 7).random(8), steps[7]), "a fresh generator of the same seed draws the same"

@@ -1,7 +1,8 @@
 """The simulator's driver of the core: events on virtual time in, the core's actions executed.
 
 It does what the gRPC service does (``ps_server.service``), minus the I/O: a worker's push is checked
-when it is sent, takes ``network.push_overhead_s``, crosses the link's inbound side, is recorded and
+when it is sent, takes ``network.push_overhead_s`` plus an exponential jitter of mean
+``network.push_jitter_s`` (drawn per worker and step, ``switchps.step_random``), crosses the link's inbound side, is recorded and
 handed to the core; the actions come
 back in order: ``Join`` a push to its aggregate, ``Free`` a dropped one, ``Apply`` an aggregate with the
 store's update rule (``model.apply_update``) and record it, ``Release`` a reply (its parameters cross the
@@ -29,6 +30,7 @@ from switchps.sim.learner import Learner, Score
 from switchps.sim.loop import Event, Loop
 from switchps.sim.network import Wire
 from switchps.sim.workers import SimWorker, Work
+from switchps.step_random import StepRandom, Stream
 
 SESSION = 1
 """Every simulated worker's session: one process each, which never restarts, so it never resends."""
@@ -61,6 +63,7 @@ class Simulator:
         self.final: Score | None = None
         self.evaluated = False  # the final evaluation is done
         self._ids = 0
+        self.random = StepRandom(cfg.seed)
         self._timer: tuple[float, Event] | None = None  # when the core's timer is armed, and its event
 
     def start(self) -> None:
@@ -99,11 +102,19 @@ class Simulator:
         p = Push(self._ids, work.worker, work.version, work.samples, report.loss_sum, now, step=work.step,
                  session=SESSION)
         self.works[p.id] = work
-        overhead = self.cfg.network.push_overhead_s
+        overhead = self._overhead(work)
         if overhead:
             self.loop.at(now + overhead, self.inbound.send, partial(self._arrived, p, report))
         else:
             self.inbound.send(partial(self._arrived, p, report))
+
+    def _overhead(self, work: Work) -> float:
+        """The push's cost beyond the link: the fitted constant and its random jitter."""
+        net = self.cfg.network
+        if not net.push_jitter_s:
+            return net.push_overhead_s
+        draw = self.random.at(work.worker, Stream.PUSH_JITTER, work.step).exponential(net.push_jitter_s)
+        return net.push_overhead_s + float(draw)
 
     def _arrived(self, p: Push, report: StepReport) -> None:
         p.arrived = now = self.loop.now

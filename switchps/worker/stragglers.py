@@ -15,10 +15,8 @@ Everything here is pure and seeded; the worker loop does the sleeping. Five kind
 A run can instead replay an earlier run's ``stragglers.csv`` exactly (``trace``); the specs are in
 ``switchps.straggler_config``, the trace format in ``switchps.straggler_trace``.
 
-Randomness: every kind has its own stream, and a step's draws come from a counter-based generator
-(Philox) keyed by ``(seed, worker, stream)`` with the step in its counter, so delays are a pure function
-of those, enabling one kind never changes another's draws, and a step's generator is positioned, not
-seeded (3 us instead of 22: a 10,000-worker simulation draws a million).
+Randomness: every kind has its own stream, and a step's draws are a pure function of (seed, worker,
+stream, step) (``switchps.step_random``), so enabling one kind never changes another's draws.
 """
 
 from __future__ import annotations
@@ -26,16 +24,10 @@ from __future__ import annotations
 import bisect
 
 import numpy as np
-import numpy.typing as npt
 
+from switchps.step_random import StepRandom, Stream
 from switchps.straggler_trace import StepDelays, load_trace
 from switchps.straggler_config import StragglerSpec, TransientSpec
-
-# Stream ids are nonzero: SeedSequence pads short keys with zeros, so the global key
-# (seed, _TRANSIENT) equals (seed, _TRANSIENT, 0) and can never equal a per-worker stream's key
-# (seed, worker, stream) whose third word is a nonzero stream id.
-_MIXTURE, _COMM, _TRANSIENT, _SHIFTED_EXP = 1, 2, 3, 4
-_NO_BUFFER = np.zeros(4, np.uint64)
 
 
 class StragglerInjector:
@@ -50,9 +42,7 @@ class StragglerInjector:
         self.num_workers = num_workers
         self.beyond_trace = 0
         """How many plan() calls asked for a step after the end of the replayed trace."""
-        self._bits = np.random.Philox(0)
-        self._gen = np.random.Generator(self._bits)
-        self._keys: dict[int, npt.NDArray[np.uint64]] = {}  # stream -> its Philox key
+        self._random = StepRandom(seed)
         self._check_workers()
 
         self._trace: dict[int, StepDelays] | None = None
@@ -74,7 +64,7 @@ class StragglerInjector:
         self._episodes: list[tuple[float, float, tuple[int, ...]]] = []
         self._starts: list[float] = []
         if spec.transient is not None:
-            self._episode_rng = np.random.default_rng([seed, _TRANSIENT])
+            self._episode_rng = np.random.default_rng([seed, Stream.TRANSIENT])
             if spec.transient.times is not None:
                 for start in sorted(spec.transient.times):
                     self._add_episode(spec.transient, start)
@@ -132,21 +122,13 @@ class StragglerInjector:
                     delay += tr.delay_s
         return factor, delay
 
-    def _rng(self, stream: int, step: int) -> np.random.Generator:
-        """The generator of ``stream`` at ``step``: its key, with the step in the counter's second word
-        (the first counts the blocks one step draws, so two steps' draws never overlap)."""
-        key = self._keys.get(stream)
-        if key is None:
-            words = np.random.SeedSequence([self.seed, self.worker, stream]).generate_state(2, np.uint64)
-            key = self._keys[stream] = np.asarray(words, np.uint64)
-        self._bits.state = {"bit_generator": "Philox", "state": {"counter": np.array([0, step, 0, 0], np.uint64),
-                            "key": key}, "buffer": _NO_BUFFER, "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
-        return self._gen
+    def _rng(self, stream: Stream, step: int) -> np.random.Generator:
+        return self._random.at(self.worker, stream, step)
 
     def _mixture_sleep(self, step: int) -> float:
         if self._mixture is None:
             return 0.0
-        g = self._rng(_MIXTURE, step)
+        g = self._rng(Stream.MIXTURE, step)
         i = int(np.searchsorted(self._cum, g.random(), side="right"))
         return float(min(abs(self._means[i] + self._stds[i] * g.standard_normal()), self._clip))
 
@@ -154,7 +136,7 @@ class StragglerInjector:
         e = self._shifted_exp
         if e is None:
             return 0.0
-        return float(e.shift_s + self._rng(_SHIFTED_EXP, step).exponential(1.0 / e.rate_per_s))
+        return float(e.shift_s + self._rng(Stream.SHIFTED_EXP, step).exponential(1.0 / e.rate_per_s))
 
     def _comm(self, step: int) -> float:
         c = self.spec.comm_delay
@@ -162,7 +144,7 @@ class StragglerInjector:
             return 0.0
         if c.fixed_s is not None:
             return float(c.fixed_s)
-        return float(abs((c.sigma_s or 0.0) * self._rng(_COMM, step).standard_normal()))
+        return float(abs((c.sigma_s or 0.0) * self._rng(Stream.COMM, step).standard_normal()))
 
     def plan(self, step: int, t: float) -> StepDelays:
         """Delays for ``step``, which starts ``t`` seconds after training started.
