@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -225,3 +226,25 @@ def test_a_simulated_study_needs_the_device_model_and_says_so_before_running(tmp
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "device.samples_per_s: required by a simulation" in proc.stderr
     assert not (tmp_path / "out").exists(), "nothing ran"
+
+
+def test_a_second_study_on_the_same_out_is_refused_while_the_first_holds_it(tmp_path):
+    out, path = tmp_path / "out", tmp_path / "study.yaml"
+    path.write_text(json.dumps(mini_sweep()))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
+                               "from switchps.studies.runner import locked\n"
+                               f"with locked(Path({str(out)!r})):\n    print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        proc = subprocess.run([SWITCHPS, "study", str(path), "--out", str(out)], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"is in use by another switchps study (pid {holder.pid})" in proc.stderr
+        assert not list(out.glob("*/runs.jsonl")), "nothing ran"
+    finally:
+        holder.communicate("", timeout=30)
+    again = subprocess.run([SWITCHPS, "study", str(path), "--out", str(out), "--quiet"], capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "sweep.json").exists(), "the lock ends with the process that held it"

@@ -10,14 +10,18 @@ study once per value, into ``OUT/KEY=VALUE/``, then writes ``OUT/sweep.json`` an
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from switchps.config import RunConfig
 from switchps.jsonfile import dumps
 from switchps.launcher import launch
+from switchps.problems import ConfigError
 from switchps.studies.report import report
 from switchps.studies.spec import StudySpec
 from switchps.studies.sweep import sweep_report
@@ -32,11 +36,33 @@ def packaged(name: str) -> Path:
 
 def run_study(spec: StudySpec, out: Path, quiet: bool = True) -> dict[str, Any]:
     """Run what ``out`` has not finished yet, then write study.json and the figure, and print the table
-    (for a sweep: each value's, then sweep.json and sweep.png)."""
-    if spec.sweep is None:
-        return run_point(spec, out, quiet)
-    results = {point: run_point(study, out / point, quiet) for point, study in spec.points()}
-    return sweep_report(spec, results, out)
+    (for a sweep: each value's, then sweep.json and sweep.png). One study at a time writes to ``out``."""
+    with locked(out):
+        if spec.sweep is None:
+            return run_point(spec, out, quiet)
+        results = {point: run_point(study, out / point, quiet) for point, study in spec.points()}
+        return sweep_report(spec, results, out)
+
+
+@contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """Hold ``out/.study.lock`` (an advisory lock the OS drops when the process ends, however it ends);
+    ``ConfigError`` if another study holds it: two studies appending to one runs.jsonl would each
+    skip or redo the other's runs."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".study.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise ConfigError(f"--out: {out} is in use by another switchps study (pid {holder}); "
+                              "wait for it or choose another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
 
 
 def run_point(spec: StudySpec, out: Path, quiet: bool) -> dict[str, Any]:
