@@ -16,6 +16,7 @@ from switchps.straggler_config import (
     CommDelaySpec, MixtureSpec, ShiftedExponentialSpec, SlowdownSpec, StragglerSpec, TransientSpec,
     expected_mixture_mean,
 )
+from switchps.worker.episodes import Episodes
 from switchps.worker.stragglers import StragglerInjector
 
 N = 10_000
@@ -183,6 +184,16 @@ def test_fixed_transient_episode() -> None:
     assert w1.episodes() == [(5.0, 7.0, (1,))]
     assert [w1.plan(0, t).factor for t in (4.9, 5.0, 6.0, 6.99, 7.0, 7.5)] == [1, 3, 3, 3, 1, 1]
     assert all(w0.plan(0, t).none for t in np.arange(0, 10, 0.25))
+
+
+def test_workers_in_one_process_share_one_schedule_that_a_process_of_its_own_draws_alike() -> None:
+    spec = StragglerSpec(transient=TransientSpec(workers=2, factor=4, duration_s=3, every_s=10))
+    injs = [StragglerInjector(spec, seed=7, worker=w, num_workers=5) for w in range(5)]
+    assert all(inj._episodes is injs[0]._episodes for inj in injs), "drawn once per process, not per worker"
+    injs[3].plan(0, 500.0)  # one worker's question extends the schedule for all
+    alone = Episodes(TransientSpec(workers=2, factor=4, duration_s=3, every_s=10), 7, 5)
+    alone.effect(0, 500.0)
+    assert alone.known() == injs[0].episodes() and len(alone.known()) > 20, "another process draws the same"
 
 
 def test_poisson_episodes_are_global_and_bounded() -> None:

@@ -9,7 +9,8 @@ Everything here is pure and seeded; the worker loop does the sleeping. Five kind
   compute a step takes c + Exp(mu), the model of ``switchps.closed_forms``.
 * ``slowdown``: a persistent per-worker compute slowdown (heterogeneous hardware).
 * ``transient``: Sync-Switch style episodes during which k workers are slowed (or sleep extra).
-  The episode list depends on the run seed only, so all workers agree without talking.
+  The episode list depends on the run seed only, so all workers agree without talking
+  (``switchps.worker.episodes``).
 * ``comm_delay``: a delay before each push (tc-netem style network latency).
 
 A run can instead replay an earlier run's ``stragglers.csv`` exactly (``trace``); the specs are in
@@ -21,13 +22,12 @@ stream, step) (``switchps.step_random``), so enabling one kind never changes ano
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 from switchps.step_random import StepRandom, Stream
 from switchps.straggler_trace import StepDelays, load_trace
-from switchps.straggler_config import StragglerSpec, TransientSpec
+from switchps.straggler_config import StragglerSpec
+from switchps.worker.episodes import Episode, shared as shared_episodes
 
 
 class StragglerInjector:
@@ -61,13 +61,8 @@ class StragglerInjector:
         self._shifted_exp = e if e is not None and (e.workers is None or worker in e.workers) else None
         self._slowdown = spec.slowdown.factors.get(worker, 1.0) if spec.slowdown is not None else 1.0
 
-        self._episodes: list[tuple[float, float, tuple[int, ...]]] = []
-        self._starts: list[float] = []
-        if spec.transient is not None:
-            self._episode_rng = np.random.default_rng([seed, Stream.TRANSIENT])
-            if spec.transient.times is not None:
-                for start in sorted(spec.transient.times):
-                    self._add_episode(spec.transient, start)
+        tr = spec.transient
+        self._episodes = shared_episodes(tr, seed, num_workers) if tr is not None else None
 
     def _check_workers(self) -> None:
         n, s = self.num_workers, self.spec
@@ -85,42 +80,13 @@ class StragglerInjector:
         if bad:
             raise ValueError(f"stragglers name worker(s) {bad} but the run has {n} workers")
 
-    def _add_episode(self, tr: TransientSpec, start: float) -> None:
-        if isinstance(tr.workers, int):
-            chosen = tuple(sorted(int(w) for w in self._episode_rng.choice(self.num_workers, tr.workers, replace=False)))
-        else:
-            chosen = tuple(sorted(tr.workers))
-        self._episodes.append((start, start + tr.duration_s, chosen))
-        self._starts.append(start)
-
-    def _extend_episodes(self, tr: TransientSpec, every_s: float, t: float) -> None:
-        """Poisson mode: generate episodes until one starts after ``t``."""
-        while not self._starts or self._starts[-1] <= t:
-            last = self._starts[-1] if self._starts else 0.0
-            self._add_episode(tr, last + float(self._episode_rng.exponential(every_s)))
-
-    def episodes(self) -> list[tuple[float, float, tuple[int, ...]]]:
-        """Episodes known so far as (start_s, end_s, workers); the same on every worker."""
-        return list(self._episodes)
+    def episodes(self) -> list[Episode]:
+        """Transient episodes known so far as (start_s, end_s, workers); the same on every worker."""
+        return self._episodes.known() if self._episodes is not None else []
 
     def _transient(self, t: float) -> tuple[float, float]:
-        """(factor, added sleep) at time ``t``: the max factor / sum of delays over overlapping episodes."""
-        tr = self.spec.transient
-        if tr is None:
-            return 1.0, 0.0
-        if tr.every_s is not None:
-            self._extend_episodes(tr, tr.every_s, t)
-        factor, delay = 1.0, 0.0
-        # Starts are sorted and durations equal, so ends are sorted too: walk back until one ended.
-        for start, end, chosen in reversed(self._episodes[: bisect.bisect_right(self._starts, t)]):
-            if end <= t:
-                break
-            if self.worker in chosen:
-                if tr.factor is not None:
-                    factor = max(factor, tr.factor)
-                elif tr.delay_s is not None:
-                    delay += tr.delay_s
-        return factor, delay
+        """(factor, added sleep) at time ``t`` from the transient episodes."""
+        return self._episodes.effect(self.worker, t) if self._episodes is not None else (1.0, 0.0)
 
     def _rng(self, stream: Stream, step: int) -> np.random.Generator:
         return self._random.at(self.worker, stream, step)
