@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ RUN_SECRET_ENV = "SWITCHPS_RUN_SECRET"
 GAVE_UP = 1
 """``returncode`` of a role whose actor Ray will not restart (its restarts used up): a failure."""
 POLL_S = 0.05
+NAMESPACE = "switchps"
+"""Actors are named ``RUN_DIR_NAME/ROLE/N`` in this namespace (``ray.get_actor(name, namespace=...)``)."""
 
 
 # max_concurrency: wait_exit blocks in one thread while signal and where run in others
@@ -201,6 +204,7 @@ class RayBackend:
     """What each role's environment adds: the run secret, by its ``security.secret_env`` name."""
     pg: PlacementGroup | None = None
     actors: list[RayRole] = field(default_factory=list)
+    started: Counter[str] = field(default_factory=Counter)
 
     def roles(self) -> list[str]:
         """The roles in bundle order."""
@@ -232,8 +236,11 @@ class RayBackend:
         options = _options(self._spec(role.role), self.cfg.cluster.ray.max_restarts)
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                     placement_group_bundle_index=self.roles().index(role.role))
-        actor = RoleActor.options(scheduling_strategy=strategy, **options).remote(  # type: ignore[attr-defined]
-            role.args, str(role.log), os.getcwd(), self.env)
+        name = actor_name(role.run_dir, role.role, self.started[role.role])
+        self.started[role.role] += 1
+        actor = RoleActor.options(  # type: ignore[attr-defined]
+            scheduling_strategy=strategy, name=name, namespace=NAMESPACE, **options,
+        ).remote(role.args, str(role.log), os.getcwd(), self.env)
         handle = RayRole(role.role, role.log.absolute(), actor, role.run_dir.absolute() / "ray.jsonl")
         self.actors.append(handle)
         return handle
@@ -246,6 +253,11 @@ class RayBackend:
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None
+
+
+def actor_name(run_dir: Path, role: str, n: int) -> str:
+    """The name of the ``n``-th actor (from 0) the launcher started for ``role``, in ``NAMESPACE``."""
+    return f"{run_dir.name}/{role}/{n}"
 
 
 def _options(spec: RayRoleSpec, max_restarts: int) -> dict[str, Any]:
