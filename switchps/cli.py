@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -22,6 +23,9 @@ from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
 from switchps.errors import PSUnreachable, RunDirError
 from switchps.resume_rules import refuse_incompatible
+
+if TYPE_CHECKING:
+    from switchps.ray_backend import RayBackend
 
 PS_HELP = "the PS's address (overrides cluster.ps and TF_CONFIG); `switchps run` passes what the PS published"
 
@@ -90,14 +94,37 @@ def cmd_run(args: argparse.Namespace) -> int:
         refuse_incompatible(resume, ckpt, cfg)
     from switchps.launcher import LaunchError, console, launch, summary_table
 
+    if args.address and args.backend != "ray":
+        raise ConfigError("run: --address is for --backend ray")
+    backend = None
     try:
-        run_dir, summary = launch(cfg, quiet=args.quiet, resume=resume)
+        if args.backend == "ray":
+            backend = _ray_backend(cfg, args.address)
+        run_dir, summary = launch(cfg, quiet=args.quiet, resume=resume, backend=backend)
     except LaunchError as e:
         console.print(f"[red]switchps: {e}")
         return 1
+    finally:
+        if backend is not None:
+            backend.close()
     console.print(summary_table(run_dir, summary))
     print(run_dir)
     return 0
+
+
+def _ray_backend(cfg: RunConfig, address: str | None) -> "RayBackend":
+    """Connect to Ray (``address``; none: a local Ray) and reserve the roles' placement group."""
+    try:
+        from switchps.ray_backend import RayBackend, connect, run_secret
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "ray":
+            raise
+        raise ConfigError('run: --backend ray needs Ray, which is not installed: pip install "switchps[ray]"') from None
+    env = run_secret(cfg)
+    connect(address)
+    backend = RayBackend(cfg, env)
+    backend.open()
+    return backend
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -278,6 +305,10 @@ def parser() -> argparse.ArgumentParser:
     r = with_config("run", "run a PS, an evaluator and the workers locally (default: the quickstart)", optional=True)
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
+    r.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: child processes (default); ray: Ray actors placed per cluster.ray")
+    r.add_argument("--address", help="with --backend ray: auto (the cluster this host joined) or HOST:PORT; "
+                                     "default: start a local Ray")
     r.set_defaults(func=cmd_run)
     sim = with_config("simulate", "simulate a run on a virtual clock: the same core, protocols, policies and "
                                   "stragglers, with real gradients (needs device.samples_per_s)")

@@ -1,0 +1,289 @@
+"""`switchps run --backend ray`: each role a Ray actor that runs the role's `switchps` command.
+
+``RayBackend`` implements ``switchps.backends.Backend``; the launcher's logic (PS first, its published
+address, worker and PS restarts from a checkpoint) is unchanged. One placement group holds a bundle per
+role (``cluster.ray``: its strategy and each role's resources), and each role's actor (``RoleActor``)
+starts ``switchps <role> ...`` as a **subprocess** on its node (never a fork after TF import), its output
+appended to the role's log. The data path stays switchps's own gRPC between those processes; Ray only
+places, watches and restarts them. The run directory must be at the same path on every node (a shared
+filesystem): roles write their logs and records there, as they do locally.
+
+Restarts: Ray restarts an actor whose process or node died, up to ``cluster.ray.max_restarts`` times;
+the new actor reruns the same command, so a worker rejoins as a restarted worker does, and the PS, whose
+arguments always say ``--resume RUN_DIR``, comes back from its latest checkpoint (the launcher's own
+rule for a PS that died). A role process that dies of a signal while its actor lives ends the actor and
+is restarted by the launcher (``cluster.max_restarts``), as under the local backend. The driver appends
+each placement and each Ray restart it sees to ``RUN_DIR/ray.jsonl`` (the PS owns ``events.jsonl``).
+
+The run secret never touches a file or a command line: the driver holds it in its environment
+(``security.secret_env``), hands it to each actor as an argument (in memory; Ray keeps actor creation
+arguments in its control store to restart the actor) and the actor to the role through the environment.
+
+Concurrency contract (``switchps.backends``): ``RayBackend.start`` submits the actor and returns at once.
+No ``RayRole`` method blocks: each looks at futures with ``ray.wait(timeout=0)`` and fetches only ready
+ones; ``stop``/``kill`` submit a signal (and ``ray.kill``) without waiting; ``wait(timeout)`` polls within
+``timeout``. A ``RayRole`` is used from the launcher's thread only. ``RayBackend.open`` (before the launch)
+is the one call that waits: for the placement group, at most ``cluster.ray.placement_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from switchps.auth import new_secret
+from switchps.backends import RoleSpec, child_env
+from switchps.config import RayRoleSpec, RunConfig
+from switchps.launcher import LaunchError
+
+RUN_SECRET_ENV = "SWITCHPS_RUN_SECRET"
+"""Where the driver keeps a run secret it made (when the config names none)."""
+GAVE_UP = 1
+"""``returncode`` of a role whose actor Ray will not restart (its restarts used up): a failure."""
+POLL_S = 0.05
+NAMESPACE = "switchps"
+"""Actors are named ``RUN_DIR_NAME/ROLE/N`` in this namespace (``ray.get_actor(name, namespace=...)``)."""
+
+
+# max_concurrency: wait_exit blocks in one thread while signal and where run in others
+@ray.remote(max_concurrency=4)  # type: ignore[call-overload]
+class RoleActor:
+    """Runs one role's ``switchps`` command as a child process of the actor's worker process."""
+
+    def __init__(self, args: list[str], log: str, cwd: str, env: dict[str, str]) -> None:
+        """Start the role; ``env`` (the run secret) joins ``backends.child_env``, which names this actor's
+        process as the role's parent: a role whose actor dies exits within a second (``switchps.cli``)."""
+        log_path = Path(cwd, log)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a") as f:
+            self.proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *args], stdout=f,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                         env={**child_env(), **env})
+
+    def where(self) -> dict[str, Any]:
+        """The node and processes of this incarnation of the actor."""
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "actor_pid": os.getpid(), "role_pid": self.proc.pid,
+                "reconstructed": ctx.was_current_actor_reconstructed}
+
+    def wait_exit(self) -> int:
+        """The role's exit code, once it has ended (``Popen``'s: ``-N`` for signal N)."""
+        return self.proc.wait()
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+
+@dataclass
+class RayRole:
+    """A role's actor, as the launcher's ``Handle`` (see the module's concurrency contract)."""
+
+    role: str
+    log: Path
+    actor: Any
+    journal: Path
+    node_id: str | None = None
+    restarts: int = 0
+    _code: int | None = None
+    _killed: bool = False
+    _seen: tuple[str, int] | None = None
+    _where: Any = None
+    _exit: Any = None
+
+    def __post_init__(self) -> None:
+        self._watch()
+
+    def _watch(self) -> None:
+        """Ask the actor (this incarnation, or the next once Ray has restarted it) where it runs and
+        when its role ends."""
+        # `where` is retried through a restart (it fails only once Ray has given the actor up);
+        # `wait_exit` is not: its failure is how a restart is noticed
+        self._where = self.actor.where.options(max_task_retries=-1).remote()
+        self._exit = self.actor.wait_exit.remote()
+
+    @property
+    def returncode(self) -> int | None:
+        if self._code is None:
+            self._poll_where()
+        if self._code is None and _ready(self._exit):
+            try:
+                self._end(ray.get(self._exit, timeout=0))
+            except RayActorError:  # the actor died: Ray restarts it, or `where` will say it is gone
+                self._watch()
+        return self._code
+
+    def _poll_where(self) -> None:
+        if not _ready(self._where):
+            return
+        try:
+            where = ray.get(self._where, timeout=0)
+        except ActorUnavailableError:  # restarting: ask again
+            self._where = self.actor.where.options(max_task_retries=-1).remote()
+            return
+        except RayActorError as e:
+            self._gone(e)
+            return
+        self._where = None
+        incarnation = (where["node_id"], where["actor_pid"])
+        if incarnation != self._seen:
+            event = "ray_placed" if self._seen is None else "ray_restarted"
+            self.restarts += event == "ray_restarted"
+            self._seen, self.node_id = incarnation, where["node_id"]
+            self._record(event, **where)
+
+    def _end(self, code: int) -> None:
+        """The role ended: free its bundle (the launcher may start the role again in it)."""
+        self._code = code
+        ray.kill(self.actor, no_restart=True)
+
+    def _gone(self, error: RayActorError) -> None:
+        """Ray will not bring the actor back: a failure, unless the launcher killed it."""
+        self._code = -signal.SIGKILL if self._killed else GAVE_UP
+        if not self._killed:
+            self._record("ray_gave_up", error=str(error).splitlines()[0][:300])
+            with self.log.open("a") as f:
+                f.write(f"switchps: Ray will not restart the actor of {self.role} "
+                        f"({self.restarts} restarts): {str(error).splitlines()[0][:300]}\n")
+
+    def _record(self, event: str, **fields: Any) -> None:
+        with self.journal.open("a") as f:
+            f.write(json.dumps({"time": time.time(), "event": event, "role": self.role, **fields}) + "\n")
+
+    def alive(self) -> bool:
+        return self.returncode is None
+
+    def wait(self, timeout: float) -> int | None:
+        end = time.monotonic() + max(0.0, timeout)
+        while (code := self.returncode) is None and time.monotonic() < end:
+            time.sleep(min(POLL_S, max(0.0, end - time.monotonic())))
+        return code
+
+    def stop(self) -> None:
+        if self._code is None:
+            self.actor.signal.remote(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the role and end its actor for good (an orphaned role exits within a second)."""
+        if self._code is None:
+            self._killed = True
+            self.actor.signal.remote(signal.SIGKILL)
+            ray.kill(self.actor, no_restart=True)
+
+
+def _ready(ref: Any) -> bool:
+    return ref is not None and bool(ray.wait([ref], timeout=0)[0])
+
+
+def bundle(spec: RayRoleSpec) -> dict[str, float]:
+    """A role's placement-group bundle."""
+    b = {"CPU": spec.num_cpus, "GPU": spec.num_gpus, "memory": float(spec.memory or 0), **spec.resources}
+    return {k: v for k, v in b.items() if v}
+
+
+@dataclass
+class RayBackend:
+    """Each role an actor in one placement group; ``open`` reserves the group, ``close`` releases it."""
+
+    cfg: RunConfig
+    env: dict[str, str] = field(default_factory=dict)
+    """What each role's environment adds: the run secret, by its ``security.secret_env`` name."""
+    pg: PlacementGroup | None = None
+    actors: list[RayRole] = field(default_factory=list)
+    started: Counter[str] = field(default_factory=Counter)
+
+    def roles(self) -> list[str]:
+        """The roles in bundle order."""
+        return ["ps", "evaluator", *(f"worker-{i}" for i in range(self.cfg.cluster.num_workers))]
+
+    def _spec(self, role: str) -> RayRoleSpec:
+        spec = self.cfg.cluster.ray
+        return spec.ps if role == "ps" else spec.evaluator if role == "evaluator" else spec.worker
+
+    def open(self) -> None:
+        """Reserve the placement group; ``LaunchError`` naming what was asked and what the cluster has
+        if it is not ready within ``cluster.ray.placement_timeout_s``."""
+        spec = self.cfg.cluster.ray
+        bundles = [bundle(self._spec(r)) for r in self.roles()]
+        self.pg = placement_group(bundles, strategy=spec.strategy.upper())
+        ready, _ = ray.wait([self.pg.ready()], timeout=spec.placement_timeout_s)
+        if not ready:
+            remove_placement_group(self.pg)
+            self.pg = None
+            raise LaunchError(f"Ray could not place the roles ({spec.strategy}: "
+                               f"{dict(zip(self.roles(), bundles))}) within {spec.placement_timeout_s:g} s; "
+                               f"the cluster has {ray.cluster_resources()}")
+
+    def start(self, role: RoleSpec) -> RayRole:
+        """Submit the role's actor into its bundle; returns before it runs."""
+        if self.pg is None:
+            self.open()
+        assert self.pg is not None
+        options = _options(self._spec(role.role), self.cfg.cluster.ray.max_restarts)
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                    placement_group_bundle_index=self.roles().index(role.role))
+        name = actor_name(role.run_dir, role.role, self.started[role.role])
+        self.started[role.role] += 1
+        actor = RoleActor.options(  # type: ignore[attr-defined]
+            scheduling_strategy=strategy, name=name, namespace=NAMESPACE, **options,
+        ).remote(role.args, str(role.log), os.getcwd(), self.env)
+        handle = RayRole(role.role, role.log.absolute(), actor, role.run_dir.absolute() / "ray.jsonl")
+        self.actors.append(handle)
+        return handle
+
+    def close(self) -> None:
+        """End every actor and release the placement group (idempotent)."""
+        for h in self.actors:
+            ray.kill(h.actor, no_restart=True)
+        self.actors.clear()
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+
+def actor_name(run_dir: Path, role: str, n: int) -> str:
+    """The name of the ``n``-th actor (from 0) the launcher started for ``role``, in ``NAMESPACE``."""
+    return f"{run_dir.name}/{role}/{n}"
+
+
+def _options(spec: RayRoleSpec, max_restarts: int) -> dict[str, Any]:
+    """An actor's options: its bundle's resources (the actor uses what its bundle reserves)."""
+    options: dict[str, Any] = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "max_restarts": max_restarts}
+    if spec.memory:
+        options["memory"] = spec.memory
+    if spec.resources:
+        options["resources"] = dict(spec.resources)
+    return options
+
+
+def run_secret(cfg: RunConfig) -> dict[str, str]:
+    """The run secret for the actors, by variable name; makes one in this process's environment when
+    the config names none (``RUN_SECRET_ENV``). A ``secret_file`` must be at its path on every node."""
+    sec = cfg.security
+    if sec.secret_file is None and sec.secret_env is None and not sec.insecure:
+        os.environ.setdefault(RUN_SECRET_ENV, new_secret())
+        sec.secret_env = RUN_SECRET_ENV
+    if sec.secret_env is not None:
+        return {sec.secret_env: os.environ[sec.secret_env]}
+    return {}
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at ``address`` (``auto``: the one this host belongs to), or start a local one."""
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
+                 include_dashboard=False if address is None else None)

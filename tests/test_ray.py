@@ -1,0 +1,145 @@
+"""`switchps run --backend ray` on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``: every
+node a set of local processes with its own custom resources): placement, a lost worker node, a killed
+PS actor. One cluster serves the module; each run is a `switchps run` process joining it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install \"switchps[ray]\")")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from switchps.ray_backend import NAMESPACE, actor_name  # noqa: E402
+from test_launch import SWITCHPS, check_run_dir, rows  # noqa: E402
+
+pytestmark = pytest.mark.integration
+RUN_TIMEOUT_S = 150
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, Any]]:
+    """A head node labelled ``node_a`` (the PS and the evaluator) and two nodes offering ``workers``."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": {"node_a": 2}})
+    nodes = {"a": c.head_node}
+    try:
+        for name in ("b", "c"):
+            nodes[name] = c.add_node(num_cpus=4, resources={"workers": 2, f"node_{name}": 1})
+        c.wait_for_nodes()
+        ray.init(address=c.address, namespace=NAMESPACE, log_to_driver=False)
+        yield {"cluster": c, "nodes": nodes}
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def write_config(tmp_path: Path, steps: int, **sections: Any) -> Path:
+    cfg = {"name": "ray", "cluster": {"workers": 2, "ray": {
+               "strategy": "spread", "max_restarts": 2,
+               "ps": {"num_cpus": 1, "resources": {"node_a": 1}},
+               "evaluator": {"num_cpus": 1, "resources": {"node_a": 1}},
+               "worker": {"num_cpus": 1, "resources": {"workers": 1}}}},
+           "model": {"name": "logreg"}, "data": {"name": "digits"},
+           "protocol": {"name": "asp", "batch": 16}, "train": {"steps": steps},
+           "device": {"samples_per_s": 200}, "output": {"dir": str(tmp_path)}, **sections}
+    path = tmp_path / "ray.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def start_run(processes, tmp_path: Path, cluster: dict, config: Path, **env: str) -> subprocess.Popen:
+    return processes([SWITCHPS, "run", str(config), "--quiet", "--backend", "ray", "--address",
+                      cluster["cluster"].address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                     cwd=tmp_path, env={**os.environ, **env})
+
+
+def run_dir_of(tmp_path: Path) -> Path:
+    (run_dir,) = [d for d in tmp_path.iterdir() if (d / "config.yaml").exists()]
+    return run_dir
+
+
+def ray_events(run_dir: Path) -> list[dict]:
+    path = run_dir / "ray.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_updates(launcher: subprocess.Popen, tmp_path: Path, n: int) -> Path:
+    """The run directory, once its ps.csv records more than ``n`` updates (the run still going)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+        for ps_csv in tmp_path.glob("*/ps.csv"):
+            if len(ps_csv.read_text().splitlines()) > n + 1:
+                return ps_csv.parent
+        time.sleep(0.05)
+    raise AssertionError(f"the run never recorded {n} updates")
+
+
+def finished(launcher: subprocess.Popen, tmp_path: Path) -> tuple[Path, dict]:
+    _, err = launcher.communicate(timeout=RUN_TIMEOUT_S)
+    assert launcher.returncode == 0, err[-3000:]
+    run_dir = run_dir_of(tmp_path)
+    return run_dir, check_run_dir(run_dir)
+
+
+def applied_once(run_dir: Path, summary: dict) -> None:
+    """One ps.csv row per version, 1..N in order, and no push applied twice."""
+    assert [int(r["version"]) for r in rows(run_dir / "ps.csv")] == list(range(1, summary["updates"] + 1))
+    pushes = [p for r in rows(run_dir / "ps.csv") for p in r["pushes"].split(";")]
+    assert len(pushes) == len(set(pushes)), "no push applied twice"
+
+
+def test_roles_land_on_the_nodes_the_config_asks_for_and_the_run_completes(tmp_path, cluster, processes):
+    secret = "0123456789abcdef" * 4  # the driver's run secret (it would make one)
+    launcher = start_run(processes, tmp_path, cluster, write_config(tmp_path, steps=40), SWITCHPS_RUN_SECRET=secret)
+    run_dir, summary = finished(launcher, tmp_path)
+    assert summary["final_version"] == summary["updates"] == 40
+    placed = {e["role"]: e["node_id"] for e in ray_events(run_dir) if e["event"] == "ray_placed"}
+    nodes = {k: n.node_id for k, n in cluster["nodes"].items()}
+    assert placed["ps"] == placed["evaluator"] == nodes["a"], "node_a: only the head node offers it"
+    assert {placed["worker-0"], placed["worker-1"]} == {nodes["b"], nodes["c"]}, "spread over the workers nodes"
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["security"]["secret_env"] == "SWITCHPS_RUN_SECRET"
+    assert summary["rejections"] == {}, "every role authenticated with the secret it was handed"
+    written = [f for f in run_dir.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+    assert not (run_dir / "secret").exists() and written == [], "the secret is in no file of the run"
+
+
+def test_a_worker_node_removed_mid_run_its_worker_restarts_elsewhere_and_the_run_completes(
+        tmp_path, cluster, processes):
+    launcher = start_run(processes, tmp_path, cluster, write_config(tmp_path, steps=400))
+    run_dir = wait_for_updates(launcher, tmp_path, 30)
+    placed = {e["role"]: e["node_id"] for e in ray_events(run_dir) if e["event"] == "ray_placed"}
+    (lost,) = [k for k, n in cluster["nodes"].items() if n.node_id == placed["worker-0"]]
+    cluster["cluster"].remove_node(cluster["nodes"][lost])
+    try:
+        run_dir, summary = finished(launcher, tmp_path)
+    finally:  # the next test finds the cluster as it was
+        cluster["nodes"][lost] = cluster["cluster"].add_node(num_cpus=4,
+                                                             resources={"workers": 2, f"node_{lost}": 1})
+    assert summary["final_version"] == summary["updates"] == 400
+    applied_once(run_dir, summary)
+    (restarted,) = [e for e in ray_events(run_dir) if e["event"] == "ray_restarted"]
+    assert restarted["role"] == "worker-0" and restarted["node_id"] not in (placed["worker-0"], None)
+    assert summary["pushes_rejected"] == 0
+
+
+def test_a_killed_ps_actor_is_restarted_by_ray_and_resumes_from_its_checkpoint(tmp_path, cluster, processes):
+    config = write_config(tmp_path, steps=400, checkpoint={"every_updates": 20, "every_s": None})
+    launcher = start_run(processes, tmp_path, cluster, config)
+    run_dir = wait_for_updates(launcher, tmp_path, 60)
+    ray.kill(ray.get_actor(actor_name(run_dir, "ps", 0), namespace=NAMESPACE), no_restart=False)
+    run_dir, summary = finished(launcher, tmp_path)
+    assert summary["resumes"] == 1 and summary["final_version"] == summary["updates"] == 400
+    applied_once(run_dir, summary)
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    (resumed,) = [e for e in events if e["event"] == "resumed"]
+    assert 0 <= resumed["lost_updates"] <= 2 * 20 + 5, "at most what the checkpoint interval allows"
+    (restarted,) = [e for e in ray_events(run_dir) if e["event"] == "ray_restarted"]
+    assert restarted["role"] == "ps" and restarted["reconstructed"]
