@@ -47,7 +47,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from switchps.auth import new_secret
 from switchps.backends import RoleSpec, child_env
-from switchps.config import RayRoleSpec, RunConfig
+from switchps.config import RunConfig
+from switchps.ray_config import RayRoleSpec
 from switchps.launcher import LaunchError
 
 RUN_SECRET_ENV = "SWITCHPS_RUN_SECRET"
