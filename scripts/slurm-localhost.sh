@@ -48,7 +48,8 @@ SlurmdUser=root
 SlurmctldPort=${SWITCHPS_SLURMCTLD_PORT:-16817}
 SlurmdPort=${SWITCHPS_SLURMD_PORT:-16818}
 AuthType=auth/munge
-AuthInfo=socket=$SOCKET
+# cred_expire is also how long a requeued job waits before it may start again (default 120 s)
+AuthInfo=socket=$SOCKET,cred_expire=${SWITCHPS_SLURM_CRED_EXPIRE_S:-10}
 CredType=cred/munge
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -98,3 +99,47 @@ def test_sbatch_trains_with_each_task_in_its_role(tmp_path: Path) -> None:
     assert roles == {"0": "ps", "1": "evaluator", "2": "worker 0", "3": "worker 1"}
     assert (run_dir / "secret").stat().st_mode & 0o777 == 0o600
     assert (run_dir / "secret").read_text().strip() not in text
+
+
+def trained_checkpoint(run_dir: Path) -> bool:
+    """The PS has written a checkpoint of a version after 0 (v0 is the model before any update)."""
+    return any(p.name != "v0000000000.ckpt" for p in (run_dir / "checkpoints").glob("v*.ckpt"))
+
+
+def job_state(job: str, env: dict[str, str]) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30, env=env)
+    m = re.search(r"JobState=(\S+)", out.stdout)
+    return m.group(1) if m else "UNKNOWN"
+
+
+@pytest.mark.skipif(cluster_up() is not None, reason=str(cluster_up()))
+def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """`scontrol requeue` once the PS has checkpointed a trained version: the job runs again in the same
+    run directory, the PS resumes (summary resumes == 1) and training still ends at train.steps."""
+    config, run_dir, log = job_config(tmp_path), tmp_path / "run", tmp_path / "job.out"
+    raw = yaml.safe_load(config.read_text())
+    raw.update(device={"samples_per_s": 200}, checkpoint={"every_updates": 40}, train={"steps": 400})
+    config.write_text(yaml.safe_dump(raw))
+    env = {**clean_env(), **(slurm_env() or {}), "CONFIG": str(config), "RUN_DIR": str(run_dir),
+           "PATH": f"{BIN}:{os.environ['PATH']}"}
+    out = subprocess.run(["sbatch", "--parsable", "--export=ALL", f"--output={log}", f"--chdir={tmp_path}",
+                          "--time=00:04:00", str(SBATCH)], capture_output=True, text=True, timeout=30, env=env)
+    job = out.stdout.strip().split(";")[0]
+    try:
+        assert out.returncode == 0, out.stderr
+        give_up = time.monotonic() + 150  # a hang guard, not a timing assertion
+        while not trained_checkpoint(run_dir):
+            assert job_state(job, env) in ("PENDING", "RUNNING", "CONFIGURING"), log.read_text()[-3000:]
+            assert time.monotonic() < give_up, "no checkpoint of a trained version"
+            time.sleep(0.2)
+        assert subprocess.run(["scontrol", "requeue", job], env=env, timeout=30).returncode == 0
+        while job_state(job, env) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            assert time.monotonic() < give_up, f"job {job} did not end: {log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        text = log.read_text()
+        assert job_state(job, env) == "COMPLETED", text[-3000:]
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30, env=env)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumes"] == 1 and summary["final_version"] == summary["updates"] == 400
+    assert "restarts 1); run directory" in text and "(resuming)" in text
