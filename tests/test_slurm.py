@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,10 @@ def test_role_with_port_zero_names_cluster_ps(tmp_path: Path) -> None:
     assert out.stderr.startswith("switchps: config error: cluster.ps:") and "Traceback" not in out.stderr
 
 
+@cache
 def cluster_up() -> str | None:
-    """None if a SLURM cluster answers with a usable node; else why the test cannot run."""
+    """None if a SLURM cluster answers with a usable node; else why the test cannot run (asked once:
+    sinfo takes seconds to give up on an absent controller)."""
     env = slurm_env()
     if env is None:
         return "SLURM is not installed or not configured (run `bash scripts/slurm-localhost.sh up` as root)"
