@@ -185,6 +185,21 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_role(args: argparse.Namespace) -> int:
+    """Pick this task's role from SLURM, Kubernetes or TF_CONFIG (``switchps.role_plan``) and run that
+    role's command in this process."""
+    import socket
+
+    from switchps.role_plan import plan
+
+    p = plan(args.config, args.set, args.run_dir, os.environ, socket.gethostname())
+    p.run_dir.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("switchps").info("switchps role: %s; run directory %s%s", p.placement.describe(), p.run_dir,
+                                       " (resuming)" if p.resume else "")
+    role_args = parser().parse_args(p.argv)
+    return int(role_args.func(role_args))
+
+
 def _sample_resources(role: str, run_dir: str | None) -> None:
     """Sample this process's resources into RUN_DIR/resources.csv, if it was given a run directory."""
     if run_dir and Path(run_dir).is_dir():
@@ -330,6 +345,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--run-dir", help="where to write the final model.keras (default: output.dir)")
     e.add_argument("--ps", type=ps_arg, metavar="HOST:PORT", help=PS_HELP)
     e.set_defaults(func=cmd_evaluator)
+    ro = with_config("role", "run the role this task of a SLURM job, Kubernetes pod or TF_CONFIG task has: "
+                              "rank 0 the PS, rank 1 the evaluator, the rest workers (see configs/slurm)")
+    ro.add_argument("--run-dir", help="the run directory all tasks share (default under SLURM: "
+                                      "output.dir/<name>-slurm<job id>)")
+    ro.set_defaults(func=cmd_role)
     x = sub.add_parser("export", help="write a Keras model from a run's checkpoint")
     x.add_argument("run_dir")
     x.add_argument("--checkpoint", default="latest", help="latest, or the version of a kept checkpoint")
@@ -382,7 +402,7 @@ def _study_parser(st: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.command in ("ps", "worker", "evaluator"):
+    if args.command in ("ps", "worker", "evaluator", "role"):
         if os.environ.get("SWITCHPS_PARENT_PID"):  # started by `switchps run`
             _exit_on_sigint(args.command)
         _watch_parent()
