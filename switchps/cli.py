@@ -23,61 +23,12 @@ from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
 from switchps.errors import PSUnreachable, RunDirError
 from switchps.resume_rules import refuse_incompatible
+from switchps.role_commands import cmd_evaluator, cmd_ps, cmd_role, cmd_worker, exit_on_sigint, watch_parent
 
 if TYPE_CHECKING:
     from switchps.ray_backend import RayBackend
 
 PS_HELP = "the PS's address (overrides cluster.ps and TF_CONFIG); `switchps run` passes what the PS published"
-
-
-def _watch_parent() -> None:
-    """Exit when the launcher that started this process dies, so no orphan survives it."""
-    parent = os.environ.get("SWITCHPS_PARENT_PID")
-    if not parent:
-        return
-
-    def watch() -> None:
-        while os.getppid() == int(parent):
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _exit_on_sigint(role: str) -> None:
-    """Make a Ctrl-C (it reaches the launcher's whole process group) end this child at once, in one log line.
-
-    The launcher stops the whole run anyway. ``os._exit``, not KeyboardInterrupt: raised inside gRPC or
-    TF code, the exception can leave a lock held that the interpreter's exit then waits on. The launcher
-    spawns children with SIGINT blocked, so one that arrived during the imports is delivered here, once
-    the handler is in place.
-    """
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        os.write(2, f"switchps {role}: interrupted (SIGINT), exiting\n".encode())
-        os._exit(EXIT_INTERRUPTED)
-
-    signal.signal(signal.SIGINT, handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def _tf_config(cfg: RunConfig, role: str, index: int | None) -> int | None:
-    """Apply TF_CONFIG's cluster to ``cfg``; returns the task index it names (if any)."""
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return index
-    try:
-        tf_config = json.loads(raw)
-        cluster, task = tf_config.get("cluster", {}), tf_config.get("task", {})
-    except (json.JSONDecodeError, AttributeError):
-        raise ConfigError("TF_CONFIG: not a JSON object with cluster and task") from None
-    if cluster.get("ps"):
-        cfg.cluster.ps = cluster["ps"][0]
-    if cluster.get("worker"):
-        cfg.cluster.workers = list(cluster["worker"])
-    if task and task.get("type") != role:
-        raise ConfigError(f"TF_CONFIG: task.type is {task.get('type')!r} but this is the {role} command")
-    return index if index is not None else task.get("index")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -143,69 +94,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     console.print(summary_table(run_dir, summary))
     print(run_dir)
     return 0
-
-
-def cmd_ps(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, role="ps", checks=PREFLIGHT)
-    _tf_config(cfg, "ps", None)
-    from switchps.ps_server.main import run_ps
-
-    if args.resume and args.run_dir and Path(args.resume) != Path(args.run_dir):
-        raise ConfigError("ps: --resume names the run directory; --run-dir, if given, must be the same")
-    run_dir = Path(args.resume or args.run_dir or cfg.new_run_dir())
-    summary = run_ps(cfg, run_dir, resume=bool(args.resume))
-    print(dumps(summary))
-    return 0
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, role="worker", checks=PREFLIGHT)
-    index = _tf_config(cfg, "worker", args.index)
-    cfg.cluster.ps = args.ps or cfg.cluster.ps
-    if index is None:
-        raise ConfigError("worker: give --index or a TF_CONFIG with task.index")
-    if not 0 <= index < cfg.cluster.num_workers:
-        raise ConfigError(f"worker: index {index} outside [0, {cfg.cluster.num_workers})")
-    from switchps.worker.main import run_worker
-
-    _sample_resources(f"worker-{index}", args.run_dir)
-    steps = run_worker(cfg, index)
-    logging.getLogger("switchps").info("worker %d finished after %d steps", index, steps)
-    return 0
-
-
-def cmd_evaluator(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set, role="evaluator", checks=PREFLIGHT)
-    _tf_config(cfg, "evaluator", None)
-    cfg.cluster.ps = args.ps or cfg.cluster.ps
-    from switchps.worker.evaluator import run_evaluator
-
-    _sample_resources("evaluator", args.run_dir)
-    run_evaluator(cfg, Path(args.run_dir) if args.run_dir else Path(cfg.output.dir))
-    return 0
-
-
-def cmd_role(args: argparse.Namespace) -> int:
-    """Pick this task's role from SLURM, Kubernetes or TF_CONFIG (``switchps.role_plan``) and run that
-    role's command in this process."""
-    import socket
-
-    from switchps.role_plan import plan
-
-    p = plan(args.config, args.set, args.run_dir, os.environ, socket.gethostname())
-    p.run_dir.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("switchps").info("switchps role: %s; run directory %s%s", p.placement.describe(), p.run_dir,
-                                       " (resuming)" if p.resume else "")
-    role_args = parser().parse_args(p.argv)
-    return int(role_args.func(role_args))
-
-
-def _sample_resources(role: str, run_dir: str | None) -> None:
-    """Sample this process's resources into RUN_DIR/resources.csv, if it was given a run directory."""
-    if run_dir and Path(run_dir).is_dir():
-        from switchps.resources import ResourceSampler
-
-        ResourceSampler(role, Path(run_dir) / "resources.csv")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -404,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command in ("ps", "worker", "evaluator", "role"):
         if os.environ.get("SWITCHPS_PARENT_PID"):  # started by `switchps run`
-            _exit_on_sigint(args.command)
-        _watch_parent()
+            exit_on_sigint(args.command)
+        watch_parent()
     try:
         return args.func(args)
     except ConfigError as e:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from switchps.hostlist import expand, node_of_rank, tasks_per_node
 from switchps.problems import ConfigError
@@ -152,13 +152,22 @@ def from_k8s(env: Mapping[str, str], hostname: str) -> Placement:
     return Placement(role, "k8s", ps_host, host=hostname, gpus=_gpus(env))
 
 
-def from_tf_config(raw: str) -> Placement:
-    """The role TF_CONFIG's ``task`` names (its ``type`` ``ps``, ``evaluator`` or ``worker``)."""
+def read_tf_config(raw: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """TF_CONFIG's ``cluster`` and ``task`` (each ``{}`` if absent); ConfigError if it is not such JSON."""
     try:
-        task = json.loads(raw).get("task") or {}
-        kind, index = task.get("type"), task.get("index", 0)
+        tf_config = json.loads(raw)
+        cluster, task = tf_config.get("cluster") or {}, tf_config.get("task") or {}
     except (json.JSONDecodeError, AttributeError):
         raise ConfigError("TF_CONFIG: not a JSON object with cluster and task") from None
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        raise ConfigError("TF_CONFIG: not a JSON object with cluster and task")
+    return cluster, task
+
+
+def from_tf_config(raw: str) -> Placement:
+    """The role TF_CONFIG's ``task`` names (its ``type`` ``ps``, ``evaluator`` or ``worker``)."""
+    task = read_tf_config(raw)[1]
+    kind, index = task.get("type"), task.get("index", 0)
     if kind not in KINDS:
         raise ConfigError(f"TF_CONFIG: task.type is {kind!r}; expected one of {', '.join(KINDS)}")
     if not isinstance(index, int) or index < 0:

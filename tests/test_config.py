@@ -88,7 +88,7 @@ def test_examples_cover_every_protocol():
 
 
 def test_tf_config_supplies_cluster_and_index(tmp_path, monkeypatch):
-    from switchps.cli import _tf_config
+    from switchps.role_commands import apply_tf_config as _tf_config
 
     cfg = parse_config({})
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["10.0.0.1:7000"], "worker": ["a:1", "b:1"]},

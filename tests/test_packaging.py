@@ -75,8 +75,9 @@ def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
             in_wheel = sorted(n[len(prefix):] for n in infos if n.startswith(prefix) and "/" not in n[len(prefix):])
             assert in_wheel == on_disk, sub
             assert all(infos[f"switchps/{sub}/{name}"].file_size > 0 or name == "__init__.py" for name in on_disk)
-        studies = sorted(p.name for p in (ROOT / "switchps" / "configs" / "studies").glob("*.yaml"))
-        assert studies and all(infos[f"switchps/configs/studies/{name}"].file_size > 0 for name in studies)
+        for folder in ("studies", "slurm", "k8s"):  # the example configs ship with the package
+            shipped = sorted(p.name for p in (ROOT / "switchps" / "configs" / folder).iterdir() if p.is_file())
+            assert shipped and all(infos[f"switchps/configs/{folder}/{name}"].file_size > 0 for name in shipped), folder
 
 
 def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
