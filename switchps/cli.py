@@ -23,7 +23,7 @@ from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
 from switchps.errors import PSUnreachable, RunDirError
 from switchps.resume_rules import refuse_incompatible
-from switchps.role_commands import cmd_evaluator, cmd_ps, cmd_role, cmd_worker, exit_on_sigint, watch_parent
+from switchps.role_commands import cmd_evaluator, cmd_ps, cmd_worker, exit_on_sigint, watch_parent
 
 if TYPE_CHECKING:
     from switchps.ray_backend import RayBackend
@@ -94,6 +94,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     console.print(summary_table(run_dir, summary))
     print(run_dir)
     return 0
+
+
+def cmd_role(args: argparse.Namespace) -> int:
+    """Pick this task's role from SLURM, Kubernetes or TF_CONFIG (``switchps.role_plan``) and run that
+    role's command in this process."""
+    import socket
+
+    from switchps.role_plan import plan
+
+    p = plan(args.config, args.set, args.run_dir, os.environ, socket.gethostname())
+    p.run_dir.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("switchps").info("switchps role: %s; run directory %s%s", p.placement.describe(), p.run_dir,
+                                       " (resuming)" if p.resume else "")
+    role_args = parser().parse_args(p.argv)
+    return int(role_args.func(role_args))
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""The commands one role of a run runs on its own host: `switchps ps`, `worker`, `evaluator`, and `role`,
-which picks one of those from a cluster engine's environment (SLURM, Kubernetes, TF_CONFIG).
+"""The commands one role of a run runs on its own host: `switchps ps`, `worker` and `evaluator` (`switchps
+role`, in ``switchps.cli``, picks one of them from a cluster engine's environment: SLURM, Kubernetes,
+TF_CONFIG).
 
 `switchps run` starts the same commands as its children (``switchps.backends``); so do Ray's actors
 (``switchps.ray_backend``) and an `srun` or a pod. A child of `switchps run` exits when its launcher dies
@@ -108,23 +109,6 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
     _sample_resources("evaluator", args.run_dir)
     run_evaluator(cfg, Path(args.run_dir) if args.run_dir else Path(cfg.output.dir))
     return 0
-
-
-def cmd_role(args: argparse.Namespace) -> int:
-    """Pick this task's role from SLURM, Kubernetes or TF_CONFIG (``switchps.role_plan``) and run that
-    role's command in this process."""
-    import socket
-
-    from switchps.role_plan import plan
-
-    p = plan(args.config, args.set, args.run_dir, os.environ, socket.gethostname())
-    p.run_dir.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("switchps").info("switchps role: %s; run directory %s%s", p.placement.describe(), p.run_dir,
-                                       " (resuming)" if p.resume else "")
-    from switchps.cli import parser  # the one parser of every command
-
-    role_args = parser().parse_args(p.argv)
-    return int(role_args.func(role_args))
 
 
 def _sample_resources(role: str, run_dir: str | None) -> None:
