@@ -28,7 +28,6 @@ is the one call that waits: for the placement group, at most ``cluster.ray.place
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -48,6 +47,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from switchps.auth import new_secret
 from switchps.backends import RoleSpec, child_env
 from switchps.config import RunConfig
+from switchps.jsonfile import dumps
 from switchps.ray_config import RayRoleSpec
 from switchps.launcher import LaunchError
 
@@ -156,14 +156,14 @@ class RayRole:
         """Ray will not bring the actor back: a failure, unless the launcher killed it."""
         self._code = -signal.SIGKILL if self._killed else GAVE_UP
         if not self._killed:
-            self._record("ray_gave_up", error=str(error).splitlines()[0][:300])
+            reason = str(error).splitlines()[0][:300]
+            self._record("ray_gave_up", error=reason)
             with self.log.open("a") as f:
-                f.write(f"switchps: Ray will not restart the actor of {self.role} "
-                        f"({self.restarts} restarts): {str(error).splitlines()[0][:300]}\n")
+                f.write(f"switchps: Ray will not restart the actor of {self.role} ({self.restarts} restarts): {reason}\n")
 
     def _record(self, event: str, **fields: Any) -> None:
         with self.journal.open("a") as f:
-            f.write(json.dumps({"time": time.time(), "event": event, "role": self.role, **fields}) + "\n")
+            f.write(dumps({"time": time.time(), "event": event, "role": self.role, **fields}) + "\n")
 
     def alive(self) -> bool:
         return self.returncode is None
