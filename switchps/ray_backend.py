@@ -159,7 +159,8 @@ class RayRole:
             reason = str(error).splitlines()[0][:300]
             self._record("ray_gave_up", error=reason)
             with self.log.open("a") as f:
-                f.write(f"switchps: Ray will not restart the actor of {self.role} ({self.restarts} restarts): {reason}\n")
+                f.write(f"switchps: Ray will not restart the actor of {self.role} "
+                        f"({self.restarts} restarts): {reason}\n")
 
     def _record(self, event: str, **fields: Any) -> None:
         with self.journal.open("a") as f:
