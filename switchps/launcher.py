@@ -27,7 +27,6 @@ Before `launch` runs there is no child, and KeyboardInterrupt reaches
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from switchps import resources
 from switchps.address import ADDRESS_FILE, Stamp, published_since, stamp
 from switchps.auth import new_secret, write_private
 from switchps.backends import Backend, Handle, LocalBackend, RoleSpec, tail
@@ -162,8 +162,7 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
             stop_all(handles, KILL_AFTER_S)
             ctrl_c.check()  # a child that died of the same (group-wide) Ctrl-C is not a failure
             raise
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return run_dir, summary
+    return run_dir, resources.complete(run_dir)
 
 
 def _client_roles(cfg: RunConfig, run_dir: Path, address: str) -> list[RoleSpec]:

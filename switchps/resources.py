@@ -9,6 +9,7 @@ The PS adds each role's peaks and means to ``summary.json``; `switchps plot` dra
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
+
+from switchps.jsonfile import write_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -95,3 +98,13 @@ def figure(path: Path) -> Figure | None:
     rss.set(xlabel="time (s)", ylabel="resident memory (MB)")
     cpu.legend(ncol=4, fontsize="small")
     return fig
+
+
+def complete(run_dir: Path) -> dict[str, Any]:
+    """``summary.json`` with its resources taken from every role's rows, once every role has ended (the
+    PS wrote it before the other roles' last rows, and under Ray before they reached its node)."""
+    path = run_dir / "summary.json"
+    full = json.loads(path.read_text())
+    full["resources"] = summary(run_dir / "resources.csv")
+    write_json(path, full)
+    return full
