@@ -144,6 +144,8 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
         raise LaunchError("cluster.workers lists addresses: start each role with `switchps ps|worker` instead")
     backend = backend or LocalBackend()
     run_dir = resume or _new_run_dir(cfg)
+    if resume is not None:  # what a resume may change (`--set`) reaches every role, which reads this file
+        (run_dir / "config.yaml").write_text(cfg.dump())
     # --resume: a PS resumes from the latest checkpoint if there is one; a new run directory starts afresh
     ps = RoleSpec("ps", ["ps", str(run_dir / "config.yaml"), "--resume", str(run_dir)], run_dir)
     handles: list[Handle] = []

@@ -99,3 +99,7 @@ def test_launch_binds_the_ps_first_and_tells_the_others_where_it_serves(tmp_path
     assert all(r.args[r.args.index("--ps") + 1] == address for r in backend.started[1:])
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["address"] for e in events if e["event"] == "ps_serving"] == [address]
+    changed = load_config(run_dir / "config.yaml", ["eval.every_s=0.7"], role="run")
+    _, resumed = launch(changed, quiet=True, resume=run_dir)  # a finished run: the PS resumes and ends
+    assert "every_s: 0.7" in (run_dir / "config.yaml").read_text(), "a resume's --set reaches the roles"
+    assert resumed["resumes"] == 1 and resumed["final_version"] == summary["final_version"]
