@@ -1,0 +1,74 @@
+"""The side-by-side benchmarks (``bench/steps.py --vs-tf``, ``bench/tf_ps.py``, ``bench/profile_step.py``):
+their usage, and their pure parts. No cluster is started and nothing is timed."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from switchps.config import parse_config
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``bench/steps.py`` as a module, ``bench/`` on the path as when a script runs."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module("steps")
+
+
+@pytest.mark.parametrize("script,flag", [("steps.py", "--vs-tf"), ("tf_ps.py", "--warmup-s")])
+def test_help(script: str, flag: str) -> None:
+    out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage:") and flag in out.stdout
+
+
+def test_ratio_summary(bench: ModuleType) -> None:
+    assert bench.ratio_summary([1.2, 0.8, 1.0]) == {"min": 0.8, "median": 1.0, "max": 1.2}
+    assert bench.ratio_summary([1.5, 0.5]) == {"min": 0.5, "median": 1.0, "max": 1.5}
+    assert bench.ratio_summary([2.0]) == {"min": 2.0, "median": 2.0, "max": 2.0}
+    with pytest.raises(ValueError):
+        bench.ratio_summary([])
+
+
+def test_data_of_the_small_model_is_switchps_synthetic_set(bench: ModuleType) -> None:
+    assert bench.data_config(784) == {"name": "synthetic", "num_samples": 20000, "num_features": 784,
+                                      "num_classes": 10}
+    assert bench.model_name(784) == "logreg 784->10 (7,850 parameters)"
+
+
+def test_wide_input_beyond_the_synthetic_limit_is_an_npz(bench: ModuleType) -> None:
+    dim = bench.SYNTHETIC_MAX_FEATURES * 2
+    data = bench.data_config(dim)
+    assert data["name"] == "npz"
+    with np.load(data["path"]) as f:
+        assert f["x_train"].shape == (bench.train_rows(dim) * 5 // 4, dim)
+        assert f["x_train"].dtype == np.uint8 and set(np.unique(f["y_train"])) == set(range(10))
+    parse_config({"model": {"name": "logreg"}, "data": data})  # the config accepts it (the file exists)
+
+
+def test_tf_cluster_and_shares(bench: ModuleType) -> None:
+    tf_ps = importlib.import_module("tf_ps")
+    ports = tf_ps.free_ports(3)
+    assert len(set(ports)) == 3 and all(tf_ps.port_free(p) for p in ports)
+    assert tf_ps.cluster_of(ports) == {"ps": [f"127.0.0.1:{ports[0]}"],
+                                       "worker": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"]}
+    assert tf_ps.train_rows(784) == 16000 and tf_ps.samples_per_worker(784, 2) == 8000
+    assert tf_ps.train_rows(78400) == 512 and tf_ps.samples_per_worker(78400, 8) == 64
+
+
+def test_tf_ps_imports_no_tensorflow() -> None:
+    """The bench's own process forks children: it must never have imported TF."""
+    code = f"import sys; sys.path.insert(0, {str(BENCH)!r}); import tf_ps, steps; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
