@@ -7,7 +7,8 @@ shape, batch, learning rate and workers), side by side in the same session:
 runs alternate, each pair's ratio is switchps / TF (> 1: switchps is faster).
 Prints JSON.
 
-    python bench/steps.py [--seconds 20] [--batch 32] [--workers 2] [--dim 784] [--checkpoint-every-s 5 | --no-checkpoint]
+    python bench/steps.py [--seconds 20] [--batch 32] [--workers 2] [--dim 784]
+                          [--checkpoint-every-s 5 | --no-checkpoint]
     python bench/steps.py --vs-tf 3      # 3 pairs: switchps as shipped (authenticated, checkpointing) vs TF2 PS
     python bench/steps.py --auth-ab 3    # 3 pairs of runs, authenticated (the default) vs insecure, alternating
 """

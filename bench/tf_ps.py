@@ -10,7 +10,8 @@ cut into batches, sliced once per step as switchps's workers slice theirs). A st
 ``coordinator.schedule`` of a ``tf.function`` that takes the next batch, computes the gradient of the
 mean cross-entropy on a worker and applies SGD (``lr``) to the PS's variables. After ``warmup_s`` of
 steps, steps are scheduled for ``seconds`` (at most ``IN_FLIGHT_PER_WORKER`` per worker not yet done),
-then the coordinator joins: steps/s = steps / (time to the join). On success, error or Ctrl-C every process started is stopped and its port checked free.
+then the coordinator joins: steps/s = steps / (time to the join). On success, error, Ctrl-C or SIGTERM
+every process started is stopped and its port checked free.
 Prints JSON (only) on stdout.
 
     python bench/tf_ps.py [--workers 2] [--seconds 20] [--warmup-s 3] [--dim 784] [--batch 32]
