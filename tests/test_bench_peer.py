@@ -24,7 +24,8 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return importlib.import_module("steps")
 
 
-@pytest.mark.parametrize("script,flag", [("steps.py", "--vs-tf"), ("tf_ps.py", "--warmup-s")])
+@pytest.mark.parametrize("script,flag", [("steps.py", "--vs-tf"), ("tf_ps.py", "--warmup-s"),
+                                         ("profile_step.py", "--py-spy")])
 def test_help(script: str, flag: str) -> None:
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
                          timeout=60)
@@ -72,3 +73,45 @@ def test_tf_ps_imports_no_tensorflow() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+W = "run_worker (switchps/worker/main.py:60)"
+PS_LOOP = ["Thread.run (threading.py:982)", "BaseEventLoop._run_once (asyncio/base_events.py:1922)",
+           "Handle._run (asyncio/events.py:80)"]
+
+
+def test_profile_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    p = importlib.import_module("profile_step")
+    compute = [W, "StepRunner._compute (switchps/worker/steps.py:147)",
+               "GradientComputer.compute (switchps/worker/gradients.py:94)", "quick_execute (tensorflow/x.py:53)"]
+    assert p.classify(compute, p.WORKER_RULES).startswith("compute: TF")
+    assert p.classify(compute[:2], p.WORKER_RULES).startswith("compute: sample")
+    call = [W, "PSClient.push (switchps/worker/client.py:141)", "_blocking (grpc/_channel.py:1152)"]
+    assert p.classify(call, p.WORKER_RULES).startswith("client call")
+    decode = [W, "PSClient.push (switchps/worker/client.py:142)",
+              "PSClient._read_reply (switchps/worker/client.py:150)",
+              "decode_header (switchps/protos/codec.py:110)"]
+    assert p.classify(decode, p.WORKER_RULES) == "reply decode"
+    token = [*PS_LOOP, "Guard.intercept_service (switchps/ps_server/guard.py:40)", "verify (switchps/auth.py:90)"]
+    assert p.classify(token, p.PS_RULES) == "token verification"
+    check = [*PS_LOOP, "ParameterServer._receive_push (switchps/ps_server/service.py:320)",
+             "fill (switchps/protos/codec.py:305)", "all_finite (switchps/protos/codec.py:170)"]
+    assert p.classify(check, p.PS_RULES) == "checks"
+    assert p.classify(check[:-1], p.PS_RULES) == "server receive/decode"
+    assert p.classify(PS_LOOP, p.PS_RULES) == "gRPC aio and asyncio runtime"
+    assert p.classify([*PS_LOOP[:2], "EpollSelector.select (selectors.py:468)"], p.PS_RULES) == p.WAKE
+    assert p.classify(["f (elsewhere.py:1)"], p.PS_RULES) == p.OTHER
+
+
+def test_profile_reads_py_spy_raw(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    p = importlib.import_module("profile_step")
+    raw = tmp_path / "raw.txt"
+    raw.write_text("thread (101): MainThread;a (x.py:1);b (y.py:2) 3\n"
+                   "thread (0x66): switchps-grpc;c (z.py:3) 1\n")
+    got = p.read_raw(raw)
+    assert got == {(101, "MainThread"): [(["a (x.py:1)", "b (y.py:2)"], 3)],
+                   (102, "switchps-grpc"): [(["c (z.py:3)"], 1)]}
+    assert p.shares(got[101, "MainThread"] + [(["GradientComputer.compute (switchps/worker/gradients.py:9)"], 1)],
+                    p.WORKER_RULES) == {p.OTHER: 0.75, "compute: TF gradient and its copy out": 0.25}
