@@ -27,12 +27,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 STARTUP_S = 90.0
 """How long the servers may take to listen and the coordinator to connect and trace, beyond the run."""
@@ -113,9 +114,8 @@ def serve(job: str, index: int, cluster: dict[str, list[str]], parent: int) -> N
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=inter_op)
     server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
                                   protocol="grpc", config=config, start=True)
-    while os.getppid() == parent:  # an orphan (the bench was SIGKILLed) ends itself
-        time.sleep(0.5)
-    del server
+    _exit_if_orphaned(parent)  # never returns, so ``server`` stays referenced, serving, until then
+    raise AssertionError(server)  # pragma: no cover
 
 
 def _model(tf: Any, strategy: Any, spec: dict[str, Any]) -> tuple[Any, Any]:
@@ -289,7 +289,8 @@ def run_peer(workers: int = 2, seconds: float = 20.0, warmup_s: float = 3.0, dim
             _wait_listening(ports, procs, logs, deadline)
             spec_file, result_file, coord_log = Path(tmp, "spec.json"), Path(tmp, "result.json"), Path(tmp, "coord.log")
             spec_file.write_text(json.dumps(spec))
-            procs.append(_start(["--coordinate", str(spec_file), "--result", str(result_file)], coord_log))
+            procs.append(_start(["--coordinate", str(spec_file), "--result", str(result_file), "--parent", parent],
+                                coord_log))
             _wait_result(procs[-1], coord_log, deadline)
             result = json.loads(result_file.read_text())
         finally:
@@ -309,8 +310,16 @@ def _ports_freed(ports: list[int], wait_s: float = 5.0) -> bool:
     return True
 
 
-def _coordinator_main(spec_file: Path, result_file: Path) -> None:
+def _exit_if_orphaned(parent: int) -> NoReturn:
+    """A daemon thread's loop: end this process once its parent is gone (the bench was SIGKILLed)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _coordinator_main(spec_file: Path, result_file: Path, parent: int) -> None:
     """The coordinator process: write the result, then exit at once (its threads may hold up a normal exit)."""
+    threading.Thread(target=_exit_if_orphaned, args=(parent,), daemon=True).start()
     code = 1
     try:
         result_file.write_text(json.dumps(coordinate(json.loads(spec_file.read_text()))))
@@ -340,7 +349,7 @@ def main() -> None:
     if args.serve:
         serve(args.serve[0], int(args.serve[1]), json.loads(args.cluster), args.parent)
     elif args.coordinate:
-        _coordinator_main(Path(args.coordinate), Path(args.result))
+        _coordinator_main(Path(args.coordinate), Path(args.result), args.parent)
     else:
         try:
             with stoppable():
