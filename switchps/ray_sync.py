@@ -86,8 +86,11 @@ class Stage:
         return stage
 
     def changes(self) -> Batch:
-        """What changed since the last call (or since the seed)."""
+        """What changed since the last call (or since the seed); nothing if the stage itself is gone (a
+        deletion is of a file, never of the whole stage)."""
         batch, present = Batch(), set()
+        if not self.root.is_dir():
+            return batch
         for path in sorted(p for p in self.root.rglob("*") if p.is_file() and not temporary(p)):
             rel = path.relative_to(self.root).as_posix()
             present.add(rel)

@@ -88,8 +88,12 @@ def test_example_config_trains_digits_to_090(tmp_path, config):
     if config in ("asp", "ssp"):  # one push per update, applied on arrival, some of them stale
         assert set(contributors) == {1}
         assert max(int(u["staleness_max"]) for u in updates) >= 1
-    if config == "ssp":  # a worker's pushes never run more than s + 1 versions behind 3 workers' clocks
-        assert max(int(u["staleness_max"]) for u in updates) <= (2 + 1) * 3
+    if config == "ssp":  # a worker's pushes never run more than s + 1 versions behind 3 workers' clocks,
+        # unless it missed its SSP deadline (on a loaded machine) and was excluded: then nothing bounds it
+        events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+        excluded = {str(e["worker"]) for e in events if e["event"] == "worker_excluded"}
+        bounded = [u for u in updates if not excluded & set(u["workers"].split(";"))]
+        assert bounded and max(int(u["staleness_max"]) for u in bounded) <= (2 + 1) * 3
 
 
 def test_crashed_worker_stops_everything_and_is_named(tmp_path):

@@ -4,6 +4,7 @@ two directories, a role writing into one the way switchps's roles write, batches
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,9 @@ def test_a_roles_arguments_name_its_stage_instead_of_the_drivers_run_directory()
     args = ["worker", "runs/a/config.yaml", "--run-dir", "runs/a", "--ps", "h:1", "--x", "runs/ab"]
     assert staged(args, "runs/a", "/tmp/s/worker-0.7") == [
         "worker", "/tmp/s/worker-0.7/config.yaml", "--run-dir", "/tmp/s/worker-0.7", "--ps", "h:1", "--x", "runs/ab"]
+
+
+def test_a_stage_removed_whole_deletes_nothing_on_the_driver(tmp_path):
+    stage = Stage.seeded(tmp_path / "stage", {"config.yaml": b"name: x\n", "resources.csv": b"h\n"})
+    shutil.rmtree(stage.root)
+    assert stage.changes() == Batch()
