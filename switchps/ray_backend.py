@@ -111,21 +111,20 @@ class RoleActor:
         return self.proc.pid
 
     def changes(self) -> Batch:
-        """What the role wrote since the last batch; nothing once the last batch is taken."""
+        """What the role wrote since the last batch."""
         self.started.wait()
+        assert self.stage is not None
         with self.lock:
-            return self.stage.changes() if self.stage is not None else Batch()
+            return self.stage.changes()
 
     def wait_exit(self) -> tuple[int, Batch]:
         """Once the role has ended: its exit code (``Popen``'s: ``-N`` for signal N) and its last batch;
-        the stage is then removed (a ``changes`` call still in flight gets an empty batch)."""
+        the stage is then removed."""
         self.started.wait()
-        assert self.proc is not None
+        assert self.proc is not None and self.stage is not None
         code = self.proc.wait()
-        with self.lock:
-            assert self.stage is not None
-            last, root, self.stage = self.stage.changes(), self.stage.root, None
-        shutil.rmtree(root, ignore_errors=True)
+        last = self.changes()
+        shutil.rmtree(self.stage.root, ignore_errors=True)
         return code, last
 
     def signal(self, sig: int) -> None:

@@ -93,7 +93,7 @@ def finished(launcher: subprocess.Popen, tmp_path: Path, lost: tuple[str, ...] =
     assert launcher.returncode == 0, err[-3000:]
     run_dir = run_dir_of(tmp_path)
     summary = check_run_dir(run_dir)
-    left = {p.parent.relative_to(tmp_path / "nodes").parts[1].partition(".")[0]
+    left = {p.relative_to(tmp_path / "nodes").parts[2].partition(".")[0]
             for p in (tmp_path / "nodes").rglob("*") if p.is_file()}
     assert left <= set(lost), f"stages removed once collected: {left} left"
     return run_dir, summary
