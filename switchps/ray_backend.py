@@ -5,18 +5,15 @@ address, worker and PS restarts from a checkpoint) is unchanged. One placement g
 role (``cluster.ray``: its strategy and each role's resources), and each role's actor (``RoleActor``)
 starts ``switchps <role> ...`` as a **subprocess** on its node (never a fork after TF import), its output
 appended to the role's log. The data path stays switchps's own gRPC between those processes; Ray only
-places, watches and restarts them. No filesystem need be shared: each role runs in a stage on its node
-(``cluster.ray.staging_dir``), seeded from the driver's run directory, and the driver applies what the
-role writes there to its run directory every ``cluster.ray.sync_every_s`` and when the role ends
-(``switchps.ray_sync``), so the run directory ends up on the driver's host as with a local run.
+places, watches and restarts them. The run directory must be at the same path on every node (a shared
+filesystem): roles write their logs and records there, as they do locally.
 
 Restarts: Ray restarts an actor whose process or node died, up to ``cluster.ray.max_restarts`` times;
 the new actor reruns the same command, so a worker rejoins as a restarted worker does, and the PS, whose
 arguments always say ``--resume RUN_DIR``, comes back from its latest checkpoint (the launcher's own
-rule for a PS that died): its new stage is seeded with the checkpoints the driver has. A role process
-that dies of a signal while its actor lives ends the actor and is restarted by the launcher
-(``cluster.max_restarts``), as under the local backend. The driver logs each placement (``ray_placed``)
-and each Ray restart (``ray_restarted``) it sees in the run's ``events.jsonl``.
+rule for a PS that died). A role process that dies of a signal while its actor lives ends the actor and
+is restarted by the launcher (``cluster.max_restarts``), as under the local backend. The driver appends
+each placement and each Ray restart it sees to ``RUN_DIR/ray.jsonl`` (the PS owns ``events.jsonl``).
 
 The run secret never touches a file or a command line: the driver holds it in its environment
 (``security.secret_env``), hands it to each actor as an argument (in memory; Ray keeps actor creation
@@ -33,19 +30,15 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -55,9 +48,8 @@ from switchps.auth import new_secret
 from switchps.backends import RoleSpec, child_env
 from switchps.config import RunConfig
 from switchps.jsonfile import dumps
-from switchps.launcher import LaunchError
 from switchps.ray_config import RayRoleSpec
-from switchps.ray_sync import Batch, Mirror, Stage, staged
+from switchps.launcher import LaunchError
 
 RUN_SECRET_ENV = "SWITCHPS_RUN_SECRET"
 """Where the driver keeps a run secret it made (when the config names none)."""
@@ -68,67 +60,33 @@ NAMESPACE = "switchps"
 """Actors are named ``RUN_DIR_NAME/ROLE/N`` in this namespace (``ray.get_actor(name, namespace=...)``)."""
 
 
-# max_concurrency: wait_exit blocks in one thread while start, changes, signal and where run in others
+# max_concurrency: wait_exit blocks in one thread while signal and where run in others
 @ray.remote(max_concurrency=4)  # type: ignore[call-overload]
 class RoleActor:
-    """Runs one role's ``switchps`` command as a child process of the actor's worker process, in a stage
-    (``switchps.ray_sync``) on its node."""
+    """Runs one role's ``switchps`` command as a child process of the actor's worker process."""
 
-    def __init__(self, role: str, args: list[str], run_dir: str, cwd: str, env: dict[str, str],
-                 staging: str | None) -> None:
-        """Nothing runs until ``start``; Ray reruns this on a restart, with the same arguments. ``env``
-        (the run secret) joins ``backends.child_env``, which names this actor's process as the role's
-        parent: a role whose actor dies exits within a second (``switchps.cli``)."""
-        self.role, self.args, self.run_dir, self.cwd, self.env = role, args, run_dir, cwd, env
-        self.root = Path(staging or tempfile.gettempdir(), "switchps-ray", Path(run_dir).name)
-        self.started, self.lock = threading.Event(), threading.Lock()
-        self.stage: Stage | None = None
-        self.proc: subprocess.Popen | None = None
+    def __init__(self, args: list[str], log: str, cwd: str, env: dict[str, str]) -> None:
+        """Start the role; ``env`` (the run secret) joins ``backends.child_env``, which names this actor's
+        process as the role's parent: a role whose actor dies exits within a second (``switchps.cli``)."""
+        log_path = Path(cwd, log)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a") as f:
+            self.proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *args], stdout=f,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                         env={**child_env(), **env})
 
     def where(self) -> dict[str, Any]:
-        """The node and process of this incarnation of the actor."""
+        """The node and processes of this incarnation of the actor."""
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "actor_pid": os.getpid(),
+        return {"node_id": ctx.get_node_id(), "actor_pid": os.getpid(), "role_pid": self.proc.pid,
                 "reconstructed": ctx.was_current_actor_reconstructed}
 
-    def start(self, seed: dict[str, bytes]) -> int:
-        """Seed this incarnation's stage with the driver's files and start the role in it; its pid. The
-        stage of an earlier incarnation that died on this node is removed (the driver has its files)."""
-        for old in self.root.glob(f"{self.role}.*"):
-            if old.suffix[1:].isdigit() and not psutil.pid_exists(int(old.suffix[1:])):
-                shutil.rmtree(old, ignore_errors=True)
-        self.stage = Stage.seeded(self.root / f"{self.role}.{os.getpid()}", seed)
-        here = str(self.stage.root)
-        args = staged(self.args, self.run_dir, here)
-        log = self.stage.root / "logs" / f"{self.role}.log"
-        log.parent.mkdir(exist_ok=True)
-        with log.open("a") as f:
-            self.proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *args], stdout=f,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=self.cwd if os.path.isdir(self.cwd) else here,
-                                         env={**child_env(), **self.env})
-        self.started.set()
-        return self.proc.pid
-
-    def changes(self) -> Batch:
-        """What the role wrote since the last batch."""
-        self.started.wait()
-        assert self.stage is not None
-        with self.lock:
-            return self.stage.changes()
-
-    def wait_exit(self) -> tuple[int, Batch]:
-        """Once the role has ended: its exit code (``Popen``'s: ``-N`` for signal N) and its last batch;
-        the stage is then removed."""
-        self.started.wait()
-        assert self.proc is not None and self.stage is not None
-        code = self.proc.wait()
-        last = self.changes()
-        shutil.rmtree(self.stage.root, ignore_errors=True)
-        return code, last
+    def wait_exit(self) -> int:
+        """The role's exit code, once it has ended (``Popen``'s: ``-N`` for signal N)."""
+        return self.proc.wait()
 
     def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc.poll() is None:
             self.proc.send_signal(sig)
 
 
@@ -139,8 +97,7 @@ class RayRole:
     role: str
     log: Path
     actor: Any
-    mirror: Mirror
-    sync_every_s: float
+    journal: Path
     node_id: str | None = None
     restarts: int = 0
     _code: int | None = None
@@ -148,32 +105,27 @@ class RayRole:
     _seen: tuple[str, int] | None = None
     _where: Any = None
     _exit: Any = None
-    _batch: Any = None
-    _synced: float = 0.0
 
     def __post_init__(self) -> None:
         self._watch()
 
     def _watch(self) -> None:
-        """Ask the actor (this incarnation, or the next once Ray has restarted it) where it runs."""
-        # retried through a restart: it fails only once Ray has given the actor up
+        """Ask the actor (this incarnation, or the next once Ray has restarted it) where it runs and
+        when its role ends."""
+        # `where` is retried through a restart (it fails only once Ray has given the actor up);
+        # `wait_exit` is not: its failure is how a restart is noticed
         self._where = self.actor.where.options(max_task_retries=-1).remote()
-        self._exit = self._batch = None
+        self._exit = self.actor.wait_exit.remote()
 
     @property
     def returncode(self) -> int | None:
         if self._code is None:
             self._poll_where()
-        if self._code is None:
-            self._sync()
-        if self._code is None and self._batch is None and _ready(self._exit):  # the batch before the last
+        if self._code is None and _ready(self._exit):
             try:
-                code, last = ray.get(self._exit, timeout=0)
+                self._end(ray.get(self._exit, timeout=0))
             except RayActorError:  # the actor died: Ray restarts it, or `where` will say it is gone
                 self._watch()
-            else:
-                self._apply(last)
-                self._end(code)
         return self._code
 
     def _poll_where(self) -> None:
@@ -194,26 +146,6 @@ class RayRole:
             self.restarts += event == "ray_restarted"
             self._seen, self.node_id = incarnation, where["node_id"]
             self._record(event, **where)
-            # the new incarnation starts from what the driver has: a PS resumes from its checkpoint
-            self.actor.start.remote(self.mirror.seed(self.role))
-            self._exit = self.actor.wait_exit.remote()
-
-    def _sync(self) -> None:
-        """Every ``sync_every_s``: ask for the role's changes; apply them once they arrive."""
-        due = time.monotonic() - self._synced >= self.sync_every_s
-        if self._batch is None and self._exit is not None and due and not _ready(self._exit):
-            self._batch, self._synced = self.actor.changes.remote(), time.monotonic()
-        if _ready(self._batch):
-            try:
-                self._apply(ray.get(self._batch, timeout=0))
-            except RayActorError:  # lost with the incarnation; `wait_exit` notices the death
-                pass
-            self._batch = None
-
-    def _apply(self, batch: Batch) -> None:
-        refused = self.mirror.apply(batch)
-        if refused:
-            self._record("ray_sync_refused", paths=refused[:10], count=len(refused))
 
     def _end(self, code: int) -> None:
         """The role ended: free its bundle (the launcher may start the role again in it)."""
@@ -231,9 +163,7 @@ class RayRole:
                         f"({self.restarts} restarts): {reason}\n")
 
     def _record(self, event: str, **fields: Any) -> None:
-        """An event of the driver's, in the run's event log (``time``: Unix seconds; the PS's events
-        count ``time_s`` from the start of training, which the driver does not know)."""
-        with (self.mirror.root / "events.jsonl").open("a") as f:
+        with self.journal.open("a") as f:
             f.write(dumps({"time": time.time(), "event": event, "role": self.role, **fields}) + "\n")
 
     def alive(self) -> bool:
@@ -305,16 +235,15 @@ class RayBackend:
         if self.pg is None:
             self.open()
         assert self.pg is not None
-        spec = self.cfg.cluster.ray
-        options = _options(self._spec(role.role), spec.max_restarts)
+        options = _options(self._spec(role.role), self.cfg.cluster.ray.max_restarts)
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                     placement_group_bundle_index=self.roles().index(role.role))
         name = actor_name(role.run_dir, role.role, self.started[role.role])
         self.started[role.role] += 1
         actor = RoleActor.options(  # type: ignore[attr-defined]
             scheduling_strategy=strategy, name=name, namespace=NAMESPACE, **options,
-        ).remote(role.role, role.args, str(role.run_dir), os.getcwd(), self.env, spec.staging_dir)
-        handle = RayRole(role.role, role.log.absolute(), actor, Mirror(role.run_dir.absolute()), spec.sync_every_s)
+        ).remote(role.args, str(role.log), os.getcwd(), self.env)
+        handle = RayRole(role.role, role.log.absolute(), actor, role.run_dir.absolute() / "ray.jsonl")
         self.actors.append(handle)
         return handle
 
