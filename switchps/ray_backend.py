@@ -5,15 +5,21 @@ address, worker and PS restarts from a checkpoint) is unchanged. One placement g
 role (``cluster.ray``: its strategy and each role's resources), and each role's actor (``RoleActor``)
 starts ``switchps <role> ...`` as a **subprocess** on its node (never a fork after TF import), its output
 appended to the role's log. The data path stays switchps's own gRPC between those processes; Ray only
-places, watches and restarts them. The run directory must be at the same path on every node (a shared
-filesystem): roles write their logs and records there, as they do locally.
+places, watches and restarts them. No filesystem need be shared: each role runs in a stage on its node
+(``cluster.ray.staging_dir``), seeded from the driver's run directory, and its actor sends what the role
+writes there every ``cluster.ray.sync_every_s`` and once the role has ended (``switchps.ray_sync``) to
+the run's ``RunStore``, an actor on the driver's node that applies it to the run directory. The run
+directory so ends up on the driver's host as with a local run; one thread per actor reads its stage,
+and the actor's ``wait_exit`` answers only once the last batch is applied and the stage removed.
 
 Restarts: Ray restarts an actor whose process or node died, up to ``cluster.ray.max_restarts`` times;
 the new actor reruns the same command, so a worker rejoins as a restarted worker does, and the PS, whose
 arguments always say ``--resume RUN_DIR``, comes back from its latest checkpoint (the launcher's own
-rule for a PS that died). A role process that dies of a signal while its actor lives ends the actor and
-is restarted by the launcher (``cluster.max_restarts``), as under the local backend. The driver appends
-each placement and each Ray restart it sees to ``RUN_DIR/ray.jsonl`` (the PS owns ``events.jsonl``).
+rule for a PS that died): the new incarnation's ``__init__`` seeds its stage from the ``RunStore``, so
+it starts from the checkpoints the driver has then, with no call from the driver. A role process
+that dies of a signal while its actor lives ends the actor and is restarted by the launcher
+(``cluster.max_restarts``), as under the local backend. The driver logs each placement (``ray_placed``)
+and each Ray restart (``ray_restarted``) it sees in the run's ``events.jsonl``.
 
 The run secret never touches a file or a command line: the driver holds it in its environment
 (``security.secret_env``), hands it to each actor as an argument (in memory; Ray keeps actor creation
@@ -30,26 +36,31 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from switchps.auth import new_secret
 from switchps.backends import RoleSpec, child_env
 from switchps.config import RunConfig
 from switchps.jsonfile import dumps
-from switchps.ray_config import RayRoleSpec
 from switchps.launcher import LaunchError
+from switchps.ray_config import RayRoleSpec
+from switchps.ray_sync import Batch, Mirror, Stage, staged
 
 RUN_SECRET_ENV = "SWITCHPS_RUN_SECRET"
 """Where the driver keeps a run secret it made (when the config names none)."""
@@ -60,20 +71,78 @@ NAMESPACE = "switchps"
 """Actors are named ``RUN_DIR_NAME/ROLE/N`` in this namespace (``ray.get_actor(name, namespace=...)``)."""
 
 
+@ray.remote(num_cpus=0, max_concurrency=8)  # type: ignore[call-overload]
+class RunStore:
+    """The driver's run directory, served on the driver's node: a new stage's seed, and every batch a
+    role's stage sends (``ray_sync.Mirror``). Batches from several roles are applied one at a time."""
+
+    def __init__(self, root: str) -> None:
+        self.mirror, self.lock = Mirror(Path(root)), threading.Lock()
+
+    def seed(self, role: str) -> dict[str, bytes]:
+        with self.lock:
+            return self.mirror.seed(role)
+
+    def apply(self, batch: Batch) -> list[str]:
+        """Apply ``batch``; the paths refused (outside the run directory)."""
+        with self.lock:
+            return self.mirror.apply(batch)
+
+
 # max_concurrency: wait_exit blocks in one thread while signal and where run in others
 @ray.remote(max_concurrency=4)  # type: ignore[call-overload]
 class RoleActor:
-    """Runs one role's ``switchps`` command as a child process of the actor's worker process."""
+    """Runs one role's ``switchps`` command as a child process of the actor's worker process, in a stage
+    (``switchps.ray_sync``) on its node, and sends what the role writes there to the ``RunStore``."""
 
-    def __init__(self, args: list[str], log: str, cwd: str, env: dict[str, str]) -> None:
-        """Start the role; ``env`` (the run secret) joins ``backends.child_env``, which names this actor's
-        process as the role's parent: a role whose actor dies exits within a second (``switchps.cli``)."""
-        log_path = Path(cwd, log)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("a") as f:
-            self.proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *args], stdout=f,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                         env={**child_env(), **env})
+    def __init__(self, role: str, args: list[str], run_dir: str, cwd: str, env: dict[str, str], store: Any,
+                 staging: str | None, sync_every_s: float) -> None:
+        """Start the role. Ray reruns this on a restart with the same arguments, and the new stage is
+        seeded with what the driver has then (a PS resumes from the latest checkpoint it collected).
+        ``env`` (the run secret) joins ``backends.child_env``, which names this actor's process as the
+        role's parent: a role whose actor dies exits within a second (``switchps.cli``)."""
+        root = Path(staging or tempfile.gettempdir(), "switchps-ray", Path(run_dir).name)
+        for old in root.glob(f"{role}.*"):  # an earlier incarnation's, on this node (the driver has it)
+            if old.suffix[1:].isdigit() and not psutil.pid_exists(int(old.suffix[1:])):
+                shutil.rmtree(old, ignore_errors=True)
+        self.store = store
+        self.code: int | None = None
+        """The role's exit code, once it has ended and been collected."""
+        self.stage = Stage.seeded(root / f"{role}.{os.getpid()}", ray.get(store.seed.remote(role)))
+        here = str(self.stage.root)
+        log = self.stage.root / "logs" / f"{role}.log"
+        log.parent.mkdir(exist_ok=True)
+        with log.open("a") as f:
+            self.proc = subprocess.Popen([sys.executable, "-m", "switchps.cli", *staged(args, run_dir, here)],
+                                         stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=cwd if os.path.isdir(cwd) else here, env={**child_env(), **env})
+        self.syncer = threading.Thread(target=self._sync, args=(sync_every_s,), name="switchps-ray-sync",
+                                       daemon=True)
+        self.syncer.start()
+
+    def _sync(self, every_s: float) -> None:
+        """The one thread that reads the stage: a batch every ``every_s``, the last one once the role
+        has ended; then the stage is removed and ``code`` set."""
+        try:
+            code = self._collect(every_s)
+        except Exception as e:  # the store is gone with the driver: nothing can reach the run directory
+            print(f"switchps: the driver's run directory is out of reach ({e}); ending the role", file=sys.stderr)
+            self.proc.kill()
+            code = GAVE_UP
+        shutil.rmtree(self.stage.root, ignore_errors=True)
+        self.code = code
+
+    def _collect(self, every_s: float) -> int:
+        while True:
+            try:
+                code: int | None = self.proc.wait(timeout=every_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            batch = self.stage.changes(final=code is not None)
+            if batch.changes or batch.deleted:
+                ray.get(self.store.apply.remote(batch))
+            if code is not None:
+                return code
 
     def where(self) -> dict[str, Any]:
         """The node and processes of this incarnation of the actor."""
@@ -82,8 +151,11 @@ class RoleActor:
                 "reconstructed": ctx.was_current_actor_reconstructed}
 
     def wait_exit(self) -> int:
-        """The role's exit code, once it has ended (``Popen``'s: ``-N`` for signal N)."""
-        return self.proc.wait()
+        """The role's exit code (``Popen``'s: ``-N`` for signal N), once it has ended and everything it
+        wrote has reached the driver."""
+        self.syncer.join()
+        assert self.code is not None
+        return self.code
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
@@ -98,6 +170,7 @@ class RayRole:
     log: Path
     actor: Any
     journal: Path
+    """The run's event log, where the driver's events go (whole lines, as the PS's are collected)."""
     node_id: str | None = None
     restarts: int = 0
     _code: int | None = None
@@ -124,7 +197,7 @@ class RayRole:
         if self._code is None and _ready(self._exit):
             try:
                 self._end(ray.get(self._exit, timeout=0))
-            except RayActorError:  # the actor died: Ray restarts it, or `where` will say it is gone
+            except (RayActorError, ActorUnavailableError):  # Ray restarts it, or `where` says it is gone
                 self._watch()
         return self._code
 
@@ -163,6 +236,8 @@ class RayRole:
                         f"({self.restarts} restarts): {reason}\n")
 
     def _record(self, event: str, **fields: Any) -> None:
+        """An event of the driver's, in the run's event log (``time``: Unix seconds; the PS's events
+        count ``time_s`` from the start of training, which the driver does not know)."""
         with self.journal.open("a") as f:
             f.write(dumps({"time": time.time(), "event": event, "role": self.role, **fields}) + "\n")
 
@@ -205,6 +280,8 @@ class RayBackend:
     env: dict[str, str] = field(default_factory=dict)
     """What each role's environment adds: the run secret, by its ``security.secret_env`` name."""
     pg: PlacementGroup | None = None
+    store: Any = None
+    """The ``RunStore`` of the run directory, on this (the driver's) node."""
     actors: list[RayRole] = field(default_factory=list)
     started: Counter[str] = field(default_factory=Counter)
 
@@ -235,23 +312,37 @@ class RayBackend:
         if self.pg is None:
             self.open()
         assert self.pg is not None
-        options = _options(self._spec(role.role), self.cfg.cluster.ray.max_restarts)
+        spec = self.cfg.cluster.ray
+        options = _options(self._spec(role.role), spec.max_restarts)
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                     placement_group_bundle_index=self.roles().index(role.role))
         name = actor_name(role.run_dir, role.role, self.started[role.role])
         self.started[role.role] += 1
         actor = RoleActor.options(  # type: ignore[attr-defined]
             scheduling_strategy=strategy, name=name, namespace=NAMESPACE, **options,
-        ).remote(role.args, str(role.log), os.getcwd(), self.env)
-        handle = RayRole(role.role, role.log.absolute(), actor, role.run_dir.absolute() / "ray.jsonl")
+        ).remote(role.role, role.args, str(role.run_dir), os.getcwd(), self.env, self._store(role.run_dir),
+                 spec.staging_dir, spec.sync_every_s)
+        handle = RayRole(role.role, role.log.absolute(), actor, role.run_dir.absolute() / "events.jsonl")
         self.actors.append(handle)
         return handle
+
+    def _store(self, run_dir: Path) -> Any:
+        """The run directory's ``RunStore``, started on this node the first time."""
+        if self.store is None:
+            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+            self.store = RunStore.options(  # type: ignore[attr-defined]
+                scheduling_strategy=here, name=actor_name(run_dir, "store", 0), namespace=NAMESPACE,
+            ).remote(str(run_dir.absolute()))
+        return self.store
 
     def close(self) -> None:
         """End every actor and release the placement group (idempotent)."""
         for h in self.actors:
             ray.kill(h.actor, no_restart=True)
         self.actors.clear()
+        if self.store is not None:
+            ray.kill(self.store)
+            self.store = None
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None

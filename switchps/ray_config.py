@@ -54,3 +54,9 @@ class RaySpec(Section):
     from its checkpoint, a worker rejoins."""
     placement_timeout_s: float = Field(60.0, gt=0, le=86400)
     """How long `switchps run` waits for the cluster to reserve the placement group."""
+    sync_every_s: float = Field(1.0, gt=0, le=3600)
+    """How often the driver collects what each role wrote on its node into the run directory: a lost
+    node loses at most this much of its role's logs and records (a PS's checkpoints included)."""
+    staging_dir: str | None = None
+    """Where on each node a role writes before the driver collects it (default: the node's temporary
+    directory); node-local, need not be shared."""

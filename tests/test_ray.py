@@ -1,6 +1,8 @@
 """`switchps run --backend ray` on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``: every
 node a set of local processes with its own custom resources): placement, a lost worker node, a killed
-PS actor. One cluster serves the module; each run is a `switchps run` process joining it."""
+PS actor. One cluster serves the module; each run is a `switchps run` process joining it. Roles write
+in node-local stages (``cluster.ray.staging_dir``, outside the driver's run directory), as they would
+without a shared filesystem; the run directory the tests read is the driver's."""
 
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def cluster() -> Iterator[dict[str, Any]]:
 
 def write_config(tmp_path: Path, steps: int, **sections: Any) -> Path:
     cfg = {"name": "ray", "cluster": {"workers": 2, "ray": {
-               "strategy": "spread", "max_restarts": 2,
+               "strategy": "spread", "max_restarts": 2, "staging_dir": str(tmp_path / "nodes"),
+               "sync_every_s": 0.5,
                "ps": {"num_cpus": 1, "resources": {"node_a": 1}},
                "evaluator": {"num_cpus": 1, "resources": {"node_a": 1}},
                "worker": {"num_cpus": 1, "resources": {"workers": 1}}}},
@@ -66,8 +69,10 @@ def run_dir_of(tmp_path: Path) -> Path:
 
 
 def ray_events(run_dir: Path) -> list[dict]:
-    path = run_dir / "ray.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    """The driver's events in the run's event log."""
+    path = run_dir / "events.jsonl"
+    events = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return [e for e in events if e["event"].startswith("ray_")]
 
 
 def wait_for_updates(launcher: subprocess.Popen, tmp_path: Path, n: int) -> Path:
@@ -82,11 +87,17 @@ def wait_for_updates(launcher: subprocess.Popen, tmp_path: Path, n: int) -> Path
     raise AssertionError(f"the run never recorded {n} updates")
 
 
-def finished(launcher: subprocess.Popen, tmp_path: Path) -> tuple[Path, dict]:
+def finished(launcher: subprocess.Popen, tmp_path: Path, lost: tuple[str, ...] = ()) -> tuple[Path, dict]:
+    """The driver's run directory, checked as a local run's is; every stage is gone but those of roles
+    whose node was lost (on a real cluster, on that node's disk)."""
     _, err = launcher.communicate(timeout=RUN_TIMEOUT_S)
     assert launcher.returncode == 0, err[-3000:]
     run_dir = run_dir_of(tmp_path)
-    return run_dir, check_run_dir(run_dir)
+    summary = check_run_dir(run_dir)
+    left = {p.relative_to(tmp_path / "nodes").parts[2].partition(".")[0]
+            for p in (tmp_path / "nodes").rglob("*") if p.is_file()}
+    assert left <= set(lost), f"stages removed once collected: {left} left"
+    return run_dir, summary
 
 
 def applied_once(run_dir: Path, summary: dict) -> None:
@@ -109,17 +120,23 @@ def test_roles_land_on_the_nodes_the_config_asks_for_and_the_run_completes(tmp_p
     assert summary["rejections"] == {}, "every role authenticated with the secret it was handed"
     written = [f for f in run_dir.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
     assert not (run_dir / "secret").exists() and written == [], "the secret is in no file of the run"
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert logs == {"ps.log", "evaluator.log", "worker-0.log", "worker-1.log"}, "every role's log collected"
+    assert set(summary["resources"]) == {"ps", "evaluator", "worker-0", "worker-1"}, "every role's rows"
+    assert (run_dir / "resources.csv").read_text().count("unix_time,") == 1, "one header"
 
 
 def test_a_worker_node_removed_mid_run_its_worker_restarts_elsewhere_and_the_run_completes(
         tmp_path, cluster, processes):
     launcher = start_run(processes, tmp_path, cluster, write_config(tmp_path, steps=400))
     run_dir = wait_for_updates(launcher, tmp_path, 30)
+    staged = {p.parent.name.partition(".")[0] for p in (tmp_path / "nodes").rglob("config.yaml")}
+    assert staged == {"ps", "evaluator", "worker-0", "worker-1"}, "each role runs in its node-local stage"
     placed = {e["role"]: e["node_id"] for e in ray_events(run_dir) if e["event"] == "ray_placed"}
     (lost,) = [k for k, n in cluster["nodes"].items() if n.node_id == placed["worker-0"]]
     cluster["cluster"].remove_node(cluster["nodes"][lost])
     try:
-        run_dir, summary = finished(launcher, tmp_path)
+        run_dir, summary = finished(launcher, tmp_path, lost=("worker-0",))
     finally:  # the next test finds the cluster as it was
         cluster["nodes"][lost] = cluster["cluster"].add_node(num_cpus=4,
                                                              resources={"workers": 2, f"node_{lost}": 1})

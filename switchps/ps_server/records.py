@@ -116,8 +116,9 @@ class RunRecorder:
         self.tensorboard = TensorBoard(run_dir)
         self.busy_s: Counter[int] = Counter()  # per worker: compute + injected delay, i.e. not waiting
         self._events: list[tuple[float, dict[str, Any]]] = []
-        if resume is None:
-            (run_dir / "events.jsonl").write_text("")
+        # appended to, never truncated: a PS restarted before its first checkpoint starts afresh after
+        # what was logged before it (its predecessor's events, a Ray driver's)
+        (run_dir / "events.jsonl").touch()
         self.counts: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self.rejections: Counter[str] = Counter()  # "rpc:reason" for every rejected request
