@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 ADDRESS_FILE = "ps.address"
+"""Shard 0's (an unsharded PS's); shard k >= 1 publishes ``ps-<k>.address``."""
 Stamp = tuple[int, int]
 """One publication of the file: (inode, mtime in ns)."""
 
@@ -34,38 +35,42 @@ def reachable(ps: str, bound_port: int) -> str:
     return ps if port else f"{host}:{bound_port}"
 
 
-def publish(run_dir: Path, address: str) -> Path:
-    """Write ``address`` to ``RUN_DIR/ps.address`` atomically; returns the file."""
-    path = run_dir / ADDRESS_FILE
-    tmp = path.with_name(f".{ADDRESS_FILE}.{os.getpid()}.tmp")
+def address_file(shard: int = 0) -> str:
+    return ADDRESS_FILE if shard == 0 else f"ps-{shard}.address"
+
+
+def publish(run_dir: Path, address: str, shard: int = 0) -> Path:
+    """Write ``address`` to ``RUN_DIR/ps.address`` (shard ``shard``'s file) atomically; returns the file."""
+    path = run_dir / address_file(shard)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(f"{address}\n")
     os.replace(tmp, path)
     return path
 
 
-def published(run_dir: Path) -> str | None:
-    """The address last published in ``run_dir``; None if none was."""
+def published(run_dir: Path, shard: int = 0) -> str | None:
+    """The address last published in ``run_dir`` (by shard ``shard``); None if none was."""
     try:
-        return (run_dir / ADDRESS_FILE).read_text().strip() or None
+        return (run_dir / address_file(shard)).read_text().strip() or None
     except FileNotFoundError:
         return None
 
 
-def stamp(run_dir: Path) -> Stamp | None:
+def stamp(run_dir: Path, shard: int = 0) -> Stamp | None:
     """Identifies the current publication, to tell a new one from a stale file (a resumed run directory
     holds its previous PS's address). Each publication renames a new file over the old one, created
     while the old one still existed, so it has another inode even when the address is the same."""
     try:
-        st = (run_dir / ADDRESS_FILE).stat()
+        st = (run_dir / address_file(shard)).stat()
     except FileNotFoundError:
         return None
     return st.st_ino, st.st_mtime_ns
 
 
-def published_since(run_dir: Path, before: Stamp | None) -> str | None:
+def published_since(run_dir: Path, before: Stamp | None, shard: int = 0) -> str | None:
     """The address published in ``run_dir`` after the publication ``before`` (a ``stamp``); None if none."""
-    now = stamp(run_dir)
-    return published(run_dir) if now is not None and now != before else None
+    now = stamp(run_dir, shard)
+    return published(run_dir, shard) if now is not None and now != before else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -19,13 +19,15 @@ from pathlib import Path
 from switchps.refusals import Rejected
 
 METADATA_KEY = "authorization"
-ROLES = ("worker", "evaluator", "status")
+ROLES = ("worker", "evaluator", "status", "shard")
 PERMITTED: dict[str, frozenset[str]] = {
-    "worker": frozenset({"Register", "Init", "Push", "PushSmall", "Pull"}),
-    "evaluator": frozenset({"Pull", "Eval", "Status"}),
+    "worker": frozenset({"Register", "Init", "Push", "PushSmall", "Pull", "InitPart", "PushPart", "PullPart"}),
+    "evaluator": frozenset({"Pull", "Eval", "Status", "PullPart"}),
     "status": frozenset({"Status"}),
+    "shard": frozenset({"Follow"}),
 }
-"""The RPCs each role may call; a worker's also carry its index, which must be its own."""
+"""The RPCs each role may call; a worker's also carry its index, which must be its own, and a follower
+shard's (``shard``) its shard index."""
 MAX_TOKEN_CHARS = 128
 
 

@@ -49,13 +49,25 @@ class ClientSecurity:
     def channel(self, address: str, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
         """A channel to the PS at ``address``: TLS if configured (with this client's certificate, if it
         has one), else plaintext."""
+        creds = self._credentials()
+        if creds is None:
+            return grpc.insecure_channel(address, options=options)
+        return grpc.secure_channel(address, creds, options=options)
+
+    def aio_channel(self, address: str, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
+        """``channel`` for an asyncio caller (a follower shard's stream to shard 0)."""
+        creds = self._credentials()
+        if creds is None:
+            return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, creds, options=options)
+
+    def _credentials(self) -> grpc.ChannelCredentials | None:
         t = self.tls
         if t is None:
-            return grpc.insecure_channel(address, options=options)
-        creds = grpc.ssl_channel_credentials(
+            return None
+        return grpc.ssl_channel_credentials(
             root_certificates=_read(t.ca), private_key=_read(t.client_key) if t.client_key else None,
             certificate_chain=_read(t.client_cert) if t.client_cert else None)
-        return grpc.secure_channel(address, creds, options=options)
 
 
 def _read(path: str | None) -> bytes:

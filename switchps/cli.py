@@ -21,7 +21,7 @@ from switchps.address import split
 from switchps.checks import PREFLIGHT
 from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
-from switchps.errors import PSUnreachable, RunDirError
+from switchps.errors import PSUnreachable, RunDirError, ShardLost
 from switchps.resume_rules import refuse_incompatible
 from switchps.role_commands import cmd_evaluator, cmd_ps, cmd_worker, exit_on_sigint, watch_parent
 
@@ -121,15 +121,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def ps_arg(address: str) -> str:
-    """``--ps HOST:PORT``: where the PS serves, e.g. as it published in ``RUN_DIR/ps.address``."""
-    try:
-        _, port = split(address)
-    except ValueError:
-        port = 0
-    if not port:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port from 1 to 65535, got {address!r}")
-    return address
+def ps_arg(addresses: str) -> str | list[str]:
+    """``--ps HOST:PORT[,HOST:PORT...]``: where the PS serves (every shard, shard 0 first), e.g. as it
+    published in ``RUN_DIR/ps.address``."""
+    out = addresses.split(",")
+    for address in out:
+        try:
+            _, port = split(address)
+        except ValueError:
+            port = 0
+        if not port:
+            raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port from 1 to 65535, got {address!r}")
+    return out[0] if len(out) == 1 else out
 
 
 def run_dir_arg(path: str) -> Path:
@@ -238,15 +241,19 @@ def parser() -> argparse.ArgumentParser:
     s = with_config("ps", "run the parameter server role")
     s.add_argument("--run-dir", help="where to write the run record (default: output.dir/<name>-<time>)")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
+    s.add_argument("--shard", type=int, default=0, help="which shard of the PS this is, when cluster.ps lists "
+                                                        "several (0, the default, decides; the others follow it)")
+    s.add_argument("--ps", type=ps_arg, metavar="HOST:PORT", help="a follower shard: shard 0's address "
+                                                                  "(default: cluster.ps's first)")
     s.set_defaults(func=cmd_ps)
     w = with_config("worker", "run one worker role")
     w.add_argument("--index", type=int, help="worker index (or from TF_CONFIG task.index)")
     w.add_argument("--run-dir", help="a run directory on this host: sample resources into its resources.csv")
-    w.add_argument("--ps", type=ps_arg, metavar="HOST:PORT", help=PS_HELP)
+    w.add_argument("--ps", type=ps_arg, metavar="HOST:PORT[,...]", help=PS_HELP)
     w.set_defaults(func=cmd_worker)
     e = with_config("evaluator", "run the evaluator role")
     e.add_argument("--run-dir", help="where to write the final model.keras (default: output.dir)")
-    e.add_argument("--ps", type=ps_arg, metavar="HOST:PORT", help=PS_HELP)
+    e.add_argument("--ps", type=ps_arg, metavar="HOST:PORT[,...]", help=PS_HELP)
     e.set_defaults(func=cmd_evaluator)
     ro = with_config("role", "run the role this task of a SLURM job, Kubernetes pod or TF_CONFIG task has: "
                               "rank 0 the PS, rank 1 the evaluator, the rest workers (see configs/slurm)")
@@ -318,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         print(f"switchps: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    except PSUnreachable as e:
+    except (PSUnreachable, ShardLost) as e:
         print(f"switchps: {args.command}: {e}", file=sys.stderr)
         return 1
     except grpc.RpcError as e:

@@ -28,7 +28,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from switchps import names
 from switchps.problems import ConfigError, Problems, describe, did_you_mean, under
 from switchps.schema import (
-    MAX_BATCH, MAX_SEED, MAX_SIM_WORKERS, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
+    MAX_BATCH, MAX_SEED, MAX_SHARDS, MAX_SIM_WORKERS, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
 )
 from switchps.policy_config import PolicySpec, SwitchSpec
 from switchps.ray_config import RaySpec
@@ -40,9 +40,10 @@ __all__ = ["ConfigError", "PolicySpec", "RunConfig", "SwitchSpec", "load_config"
 
 
 class Cluster(Section):
-    ps: str = "127.0.0.1:0"
+    ps: str | list[str] = "127.0.0.1:0"
     """host:port clients reach the PS at; port 0: the PS binds a port the OS picks and publishes the
-    address in RUN_DIR/ps.address (`switchps run` passes it to the workers and the evaluator)."""
+    address in RUN_DIR/ps.address (`switchps run` passes it to the workers and the evaluator). A list:
+    one address per PS shard, shard 0 first (the model is spread over them; see *Sharded PS*)."""
     bind: str | None = None
     """host:port the PS listens on (default: `ps` itself, loopback unless `ps` names another host)."""
     workers: int | list[str] = 4
@@ -61,6 +62,11 @@ class Cluster(Section):
     def num_workers(self) -> int:
         return self.workers if isinstance(self.workers, int) else len(self.workers)
 
+    @property
+    def shards(self) -> list[str]:
+        """Every PS shard's address, shard 0 (the one that decides) first; one for an unsharded PS."""
+        return [self.ps] if isinstance(self.ps, str) else list(self.ps)
+
     @field_validator("workers")
     @classmethod
     def _count(cls, v: int | list[str], info: ValidationInfo) -> int | list[str]:
@@ -75,12 +81,15 @@ class Cluster(Section):
 
     @field_validator("ps", "bind")
     @classmethod
-    def _address(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"expected host:port, got {v!r}")
+    def _address(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for a in [] if v is None else [v] if isinstance(v, str) else v:
+            host, sep, port = a.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"expected host:port, got {a!r}")
+        if isinstance(v, list) and not 1 <= len(v) <= MAX_SHARDS:
+            raise ValueError(f"expected 1 to {MAX_SHARDS} shard addresses, got {len(v)}")
+        if isinstance(v, list) and len(set(v)) < len(v) and not all(a.endswith(":0") for a in v):
+            raise ValueError("two shards at one address")
         return v
 
 
@@ -300,9 +309,17 @@ class RuntimeSpec(Section):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Expose Prometheus metrics from the PS on this port."""
 
+    shard_max_mb: float = Field(4.0, gt=0, le=2**20)
+    """Several PS shards: a variable larger than this is cut into row blocks spread over the shards
+    (BytePS's piece size); the partition is the same on every role."""
+
     @property
     def chunk_bytes(self) -> int:
         return int(self.chunk_mb * 1024 * 1024) // 4 * 4
+
+    @property
+    def shard_max_bytes(self) -> int:
+        return int(self.shard_max_mb * 2**20)
 
 
 class RunConfig(Section):
@@ -328,10 +345,13 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo) -> "RunConfig":
         n = self.cluster.num_workers
-        ps_host = self.cluster.ps.rpartition(":")[0]
+        ps_host = self.cluster.shards[0].rpartition(":")[0]
         problems = under("security", self.security.role_problems(role_of(info), ps_host))
         if self.protocol.backup_workers >= n:
             problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
+        if len(self.cluster.shards) > 1 and (self.checkpoint.every_s or self.checkpoint.every_updates):
+            problems.append(("checkpoint", f"a sharded PS (cluster.ps lists {len(self.cluster.shards)}) does not "
+                                           "checkpoint yet: set checkpoint.every_s and every_updates to null"))
         if problems:
             raise Problems(problems)
         return self

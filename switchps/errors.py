@@ -7,3 +7,7 @@ class RunDirError(RuntimeError):
 
 class PSUnreachable(RuntimeError):
     """The PS did not answer within ``cluster.reconnect_s``."""
+
+
+class ShardLost(RuntimeError):
+    """A shard of a sharded PS left the run (or shard 0 did, for a follower): no push can complete."""

@@ -154,8 +154,10 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
             before = stamp(run_dir)  # a resumed run directory holds its previous PS's address
             handles.append(backend.start(ps))
             address = _wait_for_ps(run_dir, before, handles[0], ctrl_c, client_security(cfg, "status"))
-            roles = {r.role: r for r in [ps, *_client_roles(cfg, run_dir, address)]}
-            for role in list(roles.values())[1:]:
+            shards = _follower_roles(cfg, run_dir, address)
+            addresses = [address, *_start_followers(backend, shards, run_dir, handles, ctrl_c)]
+            roles = {r.role: r for r in [ps, *shards, *_client_roles(cfg, run_dir, ",".join(addresses))]}
+            for role in list(roles.values())[1 + len(shards):]:
                 ctrl_c.check()
                 handles.append(backend.start(role))
             _follow(cfg, address, handles, quiet, ctrl_c, Restarts(cfg.cluster.max_restarts, roles, backend))
@@ -165,6 +167,32 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
             ctrl_c.check()  # a child that died of the same (group-wide) Ctrl-C is not a failure
             raise
     return run_dir, resources.complete(run_dir)
+
+
+def _follower_roles(cfg: RunConfig, run_dir: Path, leader: str) -> list[RoleSpec]:
+    """Shards 1..N-1 of a sharded PS, told where shard 0 serves."""
+    return [RoleSpec(f"ps-{k}", ["ps", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--shard", str(k),
+                                 "--ps", leader], run_dir)
+            for k in range(1, len(cfg.cluster.shards))]
+
+
+def _start_followers(backend: Backend, shards: list[RoleSpec], run_dir: Path, handles: list[Handle],
+                     ctrl_c: CtrlC, timeout_s: float = 60.0) -> list[str]:
+    """Start the follower shards; the addresses they publish, once every one has."""
+    before = [stamp(run_dir, k) for k in range(1, len(shards) + 1)]
+    for role in shards:
+        ctrl_c.check()
+        handles.append(backend.start(role))
+    end, addresses = time.monotonic() + timeout_s, []
+    for k, (stamped, handle) in enumerate(zip(before, handles[-len(shards):] if shards else []), start=1):
+        while (address := published_since(run_dir, stamped, k)) is None:
+            ctrl_c.check()
+            check([handle])
+            if time.monotonic() > end:
+                raise LaunchError(f"PS shard {k} did not come up; last lines of {handle.log}:\n{tail(handle.log)}")
+            time.sleep(0.1)
+        addresses.append(address)
+    return addresses
 
 
 def _client_roles(cfg: RunConfig, run_dir: Path, address: str) -> list[RoleSpec]:

@@ -287,11 +287,13 @@ class RayBackend:
 
     def roles(self) -> list[str]:
         """The roles in bundle order."""
-        return ["ps", "evaluator", *(f"worker-{i}" for i in range(self.cfg.cluster.num_workers))]
+        shards = [f"ps-{k}" for k in range(1, len(self.cfg.cluster.shards))]
+        return ["ps", *shards, "evaluator", *(f"worker-{i}" for i in range(self.cfg.cluster.num_workers))]
 
     def _spec(self, role: str) -> RayRoleSpec:
+        """A role's bundle: every PS shard's is ``cluster.ray.ps``."""
         spec = self.cfg.cluster.ray
-        return spec.ps if role == "ps" else spec.evaluator if role == "evaluator" else spec.worker
+        return spec.ps if role.startswith("ps") else spec.evaluator if role == "evaluator" else spec.worker
 
     def open(self) -> None:
         """Reserve the placement group; ``LaunchError`` naming what was asked and what the cluster has

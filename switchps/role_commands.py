@@ -62,8 +62,8 @@ def apply_tf_config(cfg: RunConfig, role: str, index: int | None) -> int | None:
     if not raw:
         return index
     cluster, task = read_tf_config(raw)
-    if cluster.get("ps"):
-        cfg.cluster.ps = cluster["ps"][0]
+    if cluster.get("ps"):  # several: the PS's shards, shard 0 first
+        cfg.cluster.ps = cluster["ps"][0] if len(cluster["ps"]) == 1 else list(cluster["ps"])
     if cluster.get("worker"):
         cfg.cluster.workers = list(cluster["worker"])
     if task and task.get("type") != role:
@@ -79,6 +79,14 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.resume and args.run_dir and Path(args.resume) != Path(args.run_dir):
         raise ConfigError("ps: --resume names the run directory; --run-dir, if given, must be the same")
     run_dir = Path(args.resume or args.run_dir or cfg.new_run_dir())
+    if not 0 <= args.shard < len(cfg.cluster.shards):
+        raise ConfigError(f"ps: --shard {args.shard} outside [0, {len(cfg.cluster.shards)}) (cluster.ps lists "
+                          f"{len(cfg.cluster.shards)} shards)")
+    if args.shard:
+        from switchps.ps_server.follower_main import run_follower
+
+        run_follower(cfg, run_dir, args.shard, args.ps if isinstance(args.ps, str) else cfg.cluster.shards[0])
+        return 0
     summary = run_ps(cfg, run_dir, resume=bool(args.resume))
     print(dumps(summary))
     return 0

@@ -36,7 +36,7 @@ def plan(config: str | None, sets: Sequence[str], given_run_dir: str | None, env
     where = run_dir(placement, given_run_dir, cfg.output.dir, cfg.name)
     overrides = list(sets)
     if placement.ps_host is not None:
-        address = ps_address(placement, cfg.cluster.ps)
+        address = ps_address(placement, cfg.cluster.shards[0])
         overrides.append(f"cluster.ps={address}")
         if placement.role.kind == "ps" and cfg.cluster.bind is None:
             overrides.append(f"cluster.bind=0.0.0.0:{address.rpartition(':')[2]}")

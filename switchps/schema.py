@@ -24,6 +24,8 @@ class Section(BaseModel):
 
 MAX_WORKERS = 1024
 """Each worker is a process and two PS server threads; protobuf counts workers in int32."""
+MAX_SHARDS = 64
+"""PS shards: each is a process with its own port and its own stream from shard 0."""
 MAX_SIM_WORKERS = 100_000
 """A simulation's workers are objects on a virtual clock (10,000 are measured in ``bench/sim_scale.py``)."""
 MAX_BATCH = 2**20

@@ -35,7 +35,7 @@ def status_table(target: str, config: str | None = None) -> Table:
         raise RunDirError(f"{target} is not a run directory (no config.yaml)")
     path = run_dir / "config.yaml" if run_dir else config
     cfg = load_config(path, checks=PREFLIGHT) if path else None
-    address = (published(run_dir) or cfg.cluster.ps) if run_dir and cfg else target
+    address = (published(run_dir) or cfg.cluster.shards[0]) if run_dir and cfg else target
     security = client_security(cfg, "status") if cfg else ClientSecurity()
     t = Table(title=f"switchps status: {target}", show_header=False)
     t.add_column("field")

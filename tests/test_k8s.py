@@ -39,7 +39,7 @@ def test_the_config_map_holds_a_valid_config_with_a_fixed_port() -> None:
     raw = run_config()
     raw["security"] = {"insecure": True}  # the secret file exists only in the pod
     cfg = parse_config(raw)
-    assert cfg.cluster.ps.endswith(":7070") and cfg.cluster.num_workers == 2
+    assert cfg.cluster.shards[0].endswith(":7070") and cfg.cluster.num_workers == 2
 
 
 def test_worker_job_runs_one_pod_per_configured_worker() -> None:

@@ -1,4 +1,4 @@
-"""The partition of the parameter vector over PS shards (``switchps.ps_server.partition``): pure, exact."""
+"""The partition of the parameter vector over PS shards (``switchps.protos.partition``): pure, exact."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from switchps.ps_server.partition import blocks, partition
+from switchps.protos.partition import blocks, partition
 
 MB = 1024 * 1024
 LOGREG = [("dense/kernel", (784, 10)), ("dense/bias", (10,))]

@@ -250,7 +250,7 @@ def test_a_role_refused_by_the_ps_exits_1_in_one_line(secure, tmp_path, capsys, 
         from switchps.config import load_config
 
         c = load_config(args.config, role="evaluator")
-        PSClient(c.cluster.ps, timeout_s=10, security=client_security(c, "evaluator")).status()
+        PSClient(c.cluster.shards[0], timeout_s=10, security=client_security(c, "evaluator")).status()
         return 0
 
     monkeypatch.setattr(cli, "cmd_evaluator", evaluator)

@@ -41,14 +41,16 @@ class WorkOrder(_message.Message):
     def __init__(self, protocol: _Optional[str] = ..., version: _Optional[int] = ..., sample_budget: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., micro_batch: _Optional[int] = ..., stop: _Optional[bool] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker", "layout", "partition_size")
+    __slots__ = ("worker", "layout", "partition_size", "shard_partition")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PARTITION_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHARD_PARTITION_FIELD_NUMBER: _ClassVar[int]
     worker: int
     layout: Layout
     partition_size: int
-    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., partition_size: _Optional[int] = ...) -> None: ...
+    shard_partition: str
+    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., partition_size: _Optional[int] = ..., shard_partition: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("send_init", "order", "num_workers")
@@ -85,7 +87,7 @@ class StepStats(_message.Message):
     def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., delay_sleep_s: _Optional[float] = ..., delay_factor: _Optional[float] = ..., delay_comm_s: _Optional[float] = ..., batch_exhausted: _Optional[bool] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats", "session")
+    __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats", "session", "attempt")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +95,7 @@ class PushHeader(_message.Message):
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     worker: int
     base_version: int
     samples: int
@@ -100,7 +103,8 @@ class PushHeader(_message.Message):
     nbytes: int
     stats: StepStats
     session: int
-    def __init__(self, worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[StepStats, _Mapping]] = ..., session: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[StepStats, _Mapping]] = ..., session: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("order", "applied", "note", "staleness", "wait_s", "nbytes")
@@ -189,3 +193,125 @@ class Status(_message.Message):
     progress: float
     active_workers: int
     def __init__(self, version: _Optional[int] = ..., protocol: _Optional[str] = ..., test_accuracy: _Optional[float] = ..., done: _Optional[bool] = ..., final_eval_done: _Optional[bool] = ..., samples: _Optional[int] = ..., total_steps: _Optional[int] = ..., progress: _Optional[float] = ..., active_workers: _Optional[int] = ...) -> None: ...
+
+class PartKey(_message.Message):
+    __slots__ = ("worker", "session", "step", "attempt")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    session: int
+    step: int
+    attempt: int
+    def __init__(self, worker: _Optional[int] = ..., session: _Optional[int] = ..., step: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class PartHeader(_message.Message):
+    __slots__ = ("key", "layout_digest", "nbytes")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    key: PartKey
+    layout_digest: str
+    nbytes: int
+    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class PartReply(_message.Message):
+    __slots__ = ("version", "nbytes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    nbytes: int
+    def __init__(self, version: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class PartPull(_message.Message):
+    __slots__ = ("worker", "min_version")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    min_version: int
+    def __init__(self, worker: _Optional[int] = ..., min_version: _Optional[int] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("key", "reason", "message")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    key: PartKey
+    reason: str
+    message: str
+    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class FollowerMessage(_message.Message):
+    __slots__ = ("hello", "verdict")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    hello: int
+    verdict: Verdict
+    def __init__(self, hello: _Optional[int] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ...) -> None: ...
+
+class JoinPart(_message.Message):
+    __slots__ = ("key", "aggregate")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    key: PartKey
+    aggregate: int
+    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., aggregate: _Optional[int] = ...) -> None: ...
+
+class ApplyPart(_message.Message):
+    __slots__ = ("aggregate", "samples", "contributors", "lr_factor", "version")
+    AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    LR_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    aggregate: int
+    samples: int
+    contributors: int
+    lr_factor: float
+    version: int
+    def __init__(self, aggregate: _Optional[int] = ..., samples: _Optional[int] = ..., contributors: _Optional[int] = ..., lr_factor: _Optional[float] = ..., version: _Optional[int] = ...) -> None: ...
+
+class OptimizerChange(_message.Message):
+    __slots__ = ("lr_scale", "has_momentum", "momentum", "state", "state_scale")
+    LR_SCALE_FIELD_NUMBER: _ClassVar[int]
+    HAS_MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    lr_scale: float
+    has_momentum: bool
+    momentum: float
+    state: str
+    state_scale: float
+    def __init__(self, lr_scale: _Optional[float] = ..., has_momentum: _Optional[bool] = ..., momentum: _Optional[float] = ..., state: _Optional[str] = ..., state_scale: _Optional[float] = ...) -> None: ...
+
+class DropPart(_message.Message):
+    __slots__ = ("key", "reason")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    key: PartKey
+    reason: str
+    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ShardAction(_message.Message):
+    __slots__ = ("setup", "initialize", "join", "free", "apply", "release", "optimizer", "drop", "stop")
+    SETUP_FIELD_NUMBER: _ClassVar[int]
+    INITIALIZE_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    APPLY_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    setup: Layout
+    initialize: PartKey
+    join: JoinPart
+    free: PartKey
+    apply: ApplyPart
+    release: PartKey
+    optimizer: OptimizerChange
+    drop: DropPart
+    stop: bool
+    def __init__(self, setup: _Optional[_Union[Layout, _Mapping]] = ..., initialize: _Optional[_Union[PartKey, _Mapping]] = ..., join: _Optional[_Union[JoinPart, _Mapping]] = ..., free: _Optional[_Union[PartKey, _Mapping]] = ..., apply: _Optional[_Union[ApplyPart, _Mapping]] = ..., release: _Optional[_Union[PartKey, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerChange, _Mapping]] = ..., drop: _Optional[_Union[DropPart, _Mapping]] = ..., stop: _Optional[bool] = ...) -> None: ...

@@ -12,6 +12,7 @@ from prometheus_client import start_http_server
 from switchps.address import publish, published, reachable, split
 from switchps.channels import server_security
 from switchps.config import RunConfig
+from switchps.errors import ShardLost
 from switchps import resources
 from switchps.resources import ResourceSampler
 from switchps.protos.codec import one_arena
@@ -24,6 +25,8 @@ from switchps.ps_server.records import PS_COLUMNS, RunRecorder
 from switchps.ps_server.runs import build_core, prepare_run_dir, run_summary
 from switchps.ps_server.server import Server
 from switchps.ps_server.service import ParameterServer
+from switchps.ps_server.shard_zero import ShardZero
+from switchps.ps_server.shards import Leader
 
 log = logging.getLogger("switchps.ps")
 STOP_GRACE_S = 15.0
@@ -41,8 +44,11 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
     clock = time.monotonic  # the core's times and the record's are on the driver's one clock
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, resume=record_position(resume.state) if resume else None,
                       clock=clock)
-    ps = ParameterServer(core, store, rec, link, cfg.runtime.receive_timeout_s,
-                         int(cfg.runtime.max_model_mb * 2**20), clock=clock)
+    followers = len(cfg.cluster.shards) - 1
+    ps = (ShardZero if followers else ParameterServer)(core, store, rec, link, cfg.runtime.receive_timeout_s,
+                                                       int(cfg.runtime.max_model_mb * 2**20), clock=clock)
+    if isinstance(ps, ShardZero):
+        ps.sharded(Leader(followers, cfg.runtime.receive_timeout_s), cfg.runtime.shard_max_bytes)
     parts = Parts(core, store.sums, rec, store, ps)
     if resume is not None:
         restore(parts, resume.state, resume.version, time.monotonic())
@@ -66,8 +72,12 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
         start_http_server(cfg.runtime.metrics_port)
     try:
         ps.finished.wait()
+        if isinstance(ps, ShardZero) and ps.failed:
+            raise ShardLost(f"{ps.failed}; resume the run (--resume) to go on from its last checkpoint")
         ps.final_evaluated.wait(cfg.eval.final_timeout_s)
         ps.all_told_stop.wait(STOP_GRACE_S)
+        if isinstance(ps, ShardZero):  # every worker has its last reply: the followers may go
+            server.call_soon(ps.leader.stop)
     finally:
         server.stop(grace=1.0)
     ps.store.wait_idle(timeout=60)  # every queued update applied and recorded
@@ -92,9 +102,9 @@ def serve(ps: ParameterServer, cfg: RunConfig, run_dir: Path, resume: bool) -> S
     found by them. If that port is taken, the PS binds a new one and publishes it; processes started
     afterwards find it there, those already running give up after ``cluster.reconnect_s``.
     """
-    bind = cfg.cluster.bind or cfg.cluster.ps
+    bind = bind_address(cfg, 0)
     host, port = split(bind)
-    previous = published(run_dir) if resume and port == 0 and split(cfg.cluster.ps)[1] == 0 else None
+    previous = published(run_dir) if resume and port == 0 and split(cfg.cluster.shards[0])[1] == 0 else None
     security = server_security(cfg.security)
     server = None
     if previous is not None:
@@ -104,11 +114,20 @@ def serve(ps: ParameterServer, cfg: RunConfig, run_dir: Path, resume: bool) -> S
             log.warning("%s, which the PS had before its restart; binding another port", e)
     if server is None:
         server = Server(ps, bind, security)
-    address = reachable(cfg.cluster.ps, server.port)
+    address = reachable(cfg.cluster.shards[0], server.port)
     ps.rec.event("ps_serving", address=address)
     publish(run_dir, address)
     log.info("PS serving at %s (port %d), run directory %s", address, server.port, run_dir)
     return server
+
+
+def bind_address(cfg: RunConfig, shard: int) -> str:
+    """Where shard ``shard`` listens: ``cluster.bind`` (its host, at the shard's port when there are
+    several shards), else the shard's own address."""
+    own = cfg.cluster.shards[shard]
+    if cfg.cluster.bind is None:
+        return own
+    return cfg.cluster.bind if len(cfg.cluster.shards) == 1 else f"{split(cfg.cluster.bind)[0]}:{split(own)[1]}"
 
 
 def _note_resume(ps: ParameterServer, ckpt: Checkpoint) -> None:

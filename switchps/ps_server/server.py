@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -13,9 +13,24 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from switchps.channels import ServerSecurity
 from switchps.protos.codec import grpc_options, receive_limit, tune_allocator
 from switchps.ps_server.guard import Guard
-from switchps.ps_server.service import SERVICE, ParameterServer
+from switchps.ps_server.model import ModelStore
+from switchps.ps_server.service import SERVICE
+from switchps.refusals import Rejected
 
 T = TypeVar("T")
+
+
+class Servable(Protocol):
+    """What a server serves: an unsharded PS or shard 0 (``ParameterServer``), or a follower shard."""
+
+    store: ModelStore
+    guard: Guard | None
+
+    def methods(self) -> dict[str, grpc.RpcMethodHandler]: ...
+
+    def on_serving(self) -> None: ...
+
+    def count_rejection(self, rpc: str, r: Rejected) -> None: ...
 
 
 class Server:
@@ -27,7 +42,7 @@ class Server:
     one chunk and a header is refused by gRPC from its length prefix (``codec.receive_limit``).
     """
 
-    def __init__(self, ps: ParameterServer, address: str, security: ServerSecurity = ServerSecurity()) -> None:
+    def __init__(self, ps: Servable, address: str, security: ServerSecurity = ServerSecurity()) -> None:
         self.ps, self.security = ps, security
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="switchps-grpc", daemon=True)
@@ -51,7 +66,7 @@ class Server:
         # two split its connections; without it a port in use is an error, and a PS can fall back to another
         options = [*grpc_options(max_receive_bytes=receive_limit(self.ps.store.chunk_bytes)), ("grpc.so_reuseport", 0)]
         self._server = grpc.aio.server(options=options, interceptors=interceptors)
-        self._server.add_generic_rpc_handlers([self.ps.handler()])
+        self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, self.ps.methods())])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         creds = self.security.credentials()
@@ -66,6 +81,10 @@ class Server:
         for service in (SERVICE, ""):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return port
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the server's loop (from another thread)."""
+        self._loop.call_soon_threadsafe(fn)
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop."""

@@ -121,8 +121,7 @@ class ParameterServer:
         VERSION.set(a.version)
 
     def on_serving(self) -> None:
-        """The server is up (on the loop): publish a restored core's progress and arm its timer."""
-        self._note_progress()
+        self._note_progress()  # the server is up: publish a restored core's progress, arm its timer
 
     def _note_progress(self) -> None:
         core = self.core
@@ -303,12 +302,14 @@ class ParameterServer:
         async for frame in self._send(reply, snapshot, p.worker):
             yield frame
 
-    async def _receive_push(self, ctx: grpc.aio.ServicerContext,
-                            whole: bytes | None) -> tuple[Push, StepReport, np.ndarray]:
-        """Validate a push and read it to the end of its stream; the core sees it only if this returns."""
+    async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
+                            named: Callable[[pb.PushHeader], None] = lambda h: None) -> tuple[Push, StepReport, np.ndarray]:
+        """Validate a push and read it to the end of its stream; the core sees it only if this returns.
+        ``named`` sees the header once it is read (a sharded PS's shard 0 drops a refused push's parts)."""
         timeout_s = None if whole is not None else self.receive_timeout_s  # None: no frames follow
         h, first = decode(whole if whole is not None else await first_frame(ctx, self.receive_timeout_s),
                           pb.PushHeader)
+        named(h)
         self._as_worker(ctx, h.worker, "Push")
         self.store.check(h.layout_digest, h.nbytes)
         report = _report(h.stats)
@@ -373,9 +374,9 @@ class ParameterServer:
             self._logged[kind] = now
             log.warning("%s rejected (%s): %s [%d of this kind so far]", rpc, r.reason, r, n)
 
-    def handler(self) -> grpc.GenericRpcHandler:
+    def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
-        return grpc.method_handlers_generic_handler(SERVICE, {
+        return {
             # control requests are parsed by their handlers (``codec.parse``), so garbage is refused, counted
             "Register": grpc.unary_unary_rpc_method_handler(
                 self.register, None, pb.RegisterReply.SerializeToString),
@@ -385,7 +386,7 @@ class ParameterServer:
             "Push": grpc.stream_stream_rpc_method_handler(self.push, **raw),
             "PushSmall": grpc.unary_unary_rpc_method_handler(self.push_small, **raw),
             "Pull": grpc.unary_stream_rpc_method_handler(self.pull, **raw),
-        })
+        }
 
 
 def _report(s: pb.StepStats) -> StepReport:

@@ -99,6 +99,8 @@ class PSClient:
         self._push = self.channel.stream_stream(SERVICE + "Push", **raw)
         self._push_small = self.channel.unary_unary(SERVICE + "PushSmall", **raw)
         self._pull = self.channel.unary_stream(SERVICE + "Pull", **raw)
+        self._parts = {rpc: self.channel.stream_stream(SERVICE + rpc, **raw) for rpc in ("PushPart", "InitPart")}
+        self._pull_part = self.channel.unary_stream(SERVICE + "PullPart", **raw)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
@@ -106,9 +108,11 @@ class PSClient:
     def close(self) -> None:
         self.channel.close()
 
-    def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True) -> pb.RegisterReply:
+    def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True,
+                 shard_partition: str = "") -> pb.RegisterReply:
         """Register (again, after an outage: ``wait=False`` fails at once if the PS is still down)."""
-        return self._register(pb.RegisterRequest(worker=worker, layout=layout, partition_size=partition_size),
+        return self._register(pb.RegisterRequest(worker=worker, layout=layout, partition_size=partition_size,
+                                                 shard_partition=shard_partition),
                               timeout=self.timeout_s, wait_for_ready=wait,
                               metadata=self._md)
 
@@ -141,6 +145,25 @@ class PSClient:
             reply = self._push_small(next(frames), timeout=self.timeout_s, metadata=self._md)
             return self._read_reply(iter([reply]), params, pb.PushReply)
         return self._read_reply(self._push(frames, timeout=self.timeout_s, metadata=self._md), params, pb.PushReply)
+
+    def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:
+        """A follower shard's part of a push (``PushPart``) or of the initial values (``InitPart``); the
+        part of the parameters in the reply is written into ``out``."""
+        header.nbytes = part.nbytes
+        frames = self._parts[rpc](encode_array(header, part, self.chunk_bytes), timeout=self.timeout_s,
+                                  metadata=self._md)
+        return self._read_part(frames, out)
+
+    def pull_part(self, out: np.ndarray, worker: int, min_version: int) -> pb.PartReply:
+        """A follower shard's part of the parameters, at ``min_version`` (shard 0's) or newer."""
+        request = next(encode(pb.PartPull(worker=worker, min_version=min_version)))
+        return self._read_part(self._pull_part(request, timeout=self.timeout_s, metadata=self._md), out)
+
+    def _read_part(self, frames: Iterator[bytes], out: np.ndarray) -> pb.PartReply:
+        reply, first = decode_header(next(frames), pb.PartReply)
+        if reply.nbytes:
+            receive_into(first, frames, out)
+        return reply
 
     @staticmethod
     def _read_reply(frames: Iterator[bytes], params: np.ndarray,

@@ -22,6 +22,7 @@ from switchps.config import RunConfig
 from switchps.worker.client import PSClient, Reconnect
 from switchps.worker.data import Dataset
 from switchps.worker.setup import prepare
+from switchps.worker.sharded import ShardedClient, connect
 from switchps.worker.weights import FlatWeights, save_keras
 
 log = logging.getLogger("switchps.evaluator")
@@ -34,8 +35,9 @@ def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
     evaluate = Evaluator(model, data)
     evaluate()  # trace before the PS starts the clock
     weights = FlatWeights(model)
-    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes, security=client_security(cfg, "evaluator"))
-    retry = Reconnect(cfg.cluster.ps, cfg.cluster.reconnect_s)
+    client = connect(cfg.cluster.shards, weights.layout(), cfg.runtime.shard_max_bytes, cfg.runtime.chunk_bytes,
+                     client_security(cfg, "evaluator"))
+    retry = Reconnect(client.address, cfg.cluster.reconnect_s)
     values = np.empty(weights.size, np.float32)
     version = retry(lambda: client.pull(values, wait_initialized=True)).order.version
     weights.assign(values)
@@ -59,7 +61,7 @@ def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
         time.sleep(max(0.0, cfg.eval.every_s - (time.monotonic() - t0)))
 
 
-def _report(client: PSClient, retry: Reconnect, version: int, loss: float, acc: float, final: bool) -> bool:
+def _report(client: PSClient | ShardedClient, retry: Reconnect, version: int, loss: float, acc: float, final: bool) -> bool:
     """Report a score; False if the PS came back from a checkpoint older than ``version`` meanwhile."""
     outages = retry.outages
     try:

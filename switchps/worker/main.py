@@ -19,9 +19,10 @@ from switchps.channels import client_security
 from switchps.config import RunConfig
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.worker.client import PSClient, Reconnect
+from switchps.worker.client import Reconnect
 from switchps.worker.gradients import GradientComputer
 from switchps.worker.setup import prepare
+from switchps.worker.sharded import connect
 from switchps.worker.data import share, share_size
 from switchps.worker.steps import RealClock, Step, StepRunner, make_sampler
 from switchps.worker.stragglers import StragglerInjector
@@ -38,14 +39,15 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     gc = GradientComputer(model, data.input_shape)
     gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     layout = gc.weights.layout()
-    client = PSClient(cfg.cluster.ps, cfg.runtime.chunk_bytes, security=client_security(cfg, "worker", index))
+    client = connect(cfg.cluster.shards, layout, cfg.runtime.shard_max_bytes, cfg.runtime.chunk_bytes,
+                     client_security(cfg, "worker", index))
 
     def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
         if client.register(index, layout, share_size(n, index, workers), wait).send_init:  # the PS has no model yet
             client.init(index, layout, gc.weights.read())
 
-    join()
-    retry = Reconnect(cfg.cluster.ps, cfg.cluster.reconnect_s, rejoin=lambda: join(wait=False))
+    retry = Reconnect(client.address, cfg.cluster.reconnect_s, rejoin=lambda: join(wait=False))
+    retry(join)  # a sharded PS answers UNAVAILABLE until its shards have attached
     session = secrets.randbits(31)
     params = np.empty(gc.size, np.float32)
     reply = retry(lambda: client.pull(params, worker=index, wait_initialized=True))

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.layout import make_layout, trainable_size
+
 Specs = Sequence[tuple[str, tuple[int, ...]]]
 ITEM_BYTES = 4
 """float32 on the wire and on the PS."""
@@ -126,3 +129,23 @@ def partition(variables: Specs, shards: int, max_bytes: int) -> Partition:
         parts[shard].append(pieces[i])
         load[shard] += pieces[i].size
     return Partition(tuple(tuple(sorted(p, key=lambda x: x.start)) for p in parts), start)
+
+
+def of_layout(layout: pb.Layout, shards: int, max_bytes: int) -> Partition:
+    """The partition of a wire layout's vector (trainable variables, then state)."""
+    specs = [(v.name, tuple(v.shape)) for v in [*layout.variables, *layout.state]]
+    return partition(specs, shards, max_bytes)
+
+
+def part_layout(layout: pb.Layout, part: Partition, shard: int) -> pb.Layout:
+    """Shard ``shard``'s part as a layout of its own: one variable per piece, the trainable pieces first
+    (a part keeps vector order, and the trainable variables precede the state), so that a shard's store
+    treats its part as a PS treats a whole model. Its digest names the model, the partition and the shard."""
+    trainable = trainable_size(layout)
+    pieces = [(f"{p.name}[{p.row_start}:{p.row_end}]", (p.size,)) for p in part.parts[shard]]
+    starts = [p.start for p in part.parts[shard]]
+    variables = [s for s, at in zip(pieces, starts) if at < trainable]
+    state = [s for s, at in zip(pieces, starts) if at >= trainable]
+    out = make_layout(variables, state)
+    out.digest = hashlib.sha1(f"{layout.digest}/{part.digest}/{shard}".encode()).hexdigest()
+    return out

@@ -1,0 +1,287 @@
+"""A follower shard (k >= 1) of a sharded PS: part k of the model and its optimizer state, nothing else.
+
+It decides nothing. Workers send it part k of their pushes (``PushPart``) and of the initial values
+(``InitPart``); it reads and checks each part as shard 0 checks a push (its layout and size, every value
+finite), keeps it by the push's name and reports a ``Verdict`` to shard 0 on its ``Follow`` stream. Shard
+0 streams back the core's actions in order (``switchps.ps_server.shards``), which this shard carries out
+on its ``ModelStore`` exactly as shard 0's service does: join a part into an aggregate, free it, apply an
+aggregate at the version shard 0 names, change the optimizer, answer a released push with the part at
+the version now applied, or drop a push another shard refused.
+
+A part whose push shard 0 never names (the worker died between its calls, or sent only here) is dropped
+after twice ``runtime.receive_timeout_s`` and counted, so such parts cannot pile up.
+
+Concurrency: the handlers, the Follow stream and the actions run on the server's event loop (as in
+``service``); the store's applier thread is reached only through the store. Other threads learn the end
+from ``finished`` (shard 0 said stop) and ``failed`` (shard 0 is gone first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator
+from functools import partial
+
+import grpc
+import numpy as np
+
+from switchps.auth import authorize_worker
+from switchps.channels import ClientSecurity
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.codec import PayloadWriter, aencode, decode, fill, first_frame, grpc_options
+from switchps.protos.layout import layout_size
+from switchps.protos.partition import of_layout, part_layout
+from switchps.ps_server.guard import Guard
+from switchps.ps_server.model import ModelStore, Snapshot
+from switchps.ps_server.optimizers import adjust_optimizer
+from switchps.ps_server.service import SERVICE
+from switchps.ps_server.shards import INIT_STEP, Key, key_of, part_key
+from switchps.refusals import Rejected, invalid, precondition
+
+log = logging.getLogger("switchps.ps")
+DROPS_KEPT = 4096
+"""Refused pushes remembered, so that a part arriving after its push was refused is refused too."""
+
+
+class Follower:
+    """Follower shard ``shard`` of ``shards``, following shard 0 at ``leader``."""
+
+    def __init__(self, shard: int, shards: int, leader: str, security: ClientSecurity, store: ModelStore,
+                 max_bytes: int, receive_timeout_s: float) -> None:
+        self.shard, self.shards, self.leader, self.security = shard, shards, leader, security
+        self.store, self.max_bytes, self.receive_timeout_s = store, max_bytes, receive_timeout_s
+        self.guard: Guard | None = None  # set by ``server.Server`` when the run has a secret
+        self.rejections: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter()
+        """Shard 0's actions carried out, by kind: ``join`` counts the parts applied, ``free`` and ``drop``
+        those discarded, ``apply`` the updates."""
+        self.finished, self.failed = threading.Event(), threading.Event()
+        self._parts: dict[Key, np.ndarray] = {}
+        self._dropped: dict[Key, str] = {}  # the latest pushes shard 0 refused, oldest first
+        self._held: dict[Key, list[asyncio.Future[Snapshot]]] = {}
+        self._out: asyncio.Queue[pb.FollowerMessage] | None = None
+        self._layout: pb.Layout | None = None
+        self._set_up: asyncio.Event | None = None
+        self._applied: asyncio.Condition | None = None
+
+    # ---- the Follow stream -----------------------------------------------------------------------
+
+    def on_serving(self) -> None:
+        """The server is up (on its loop): attach to shard 0."""
+        self._out, self._set_up, self._applied = asyncio.Queue(), asyncio.Event(), asyncio.Condition()
+        asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        assert self._out is not None
+        self._out.put_nowait(pb.FollowerMessage(hello=self.shard))
+        channel = self.security.aio_channel(self.leader, grpc_options())
+        call = channel.stream_stream(f"/{SERVICE}/Follow", request_serializer=pb.FollowerMessage.SerializeToString,
+                                     response_deserializer=pb.ShardAction.FromString)
+        try:
+            async for action in call(self._outgoing(), metadata=self.security.metadata, wait_for_ready=True):
+                await self._execute(action)
+        except grpc.aio.AioRpcError as e:
+            log.error("shard %d: the stream from shard 0 at %s broke: %s", self.shard, self.leader, e.details())
+        finally:
+            await channel.close()
+            if not self.finished.is_set():
+                self.failed.set()
+
+    async def _outgoing(self) -> AsyncIterator[pb.FollowerMessage]:
+        assert self._out is not None
+        while True:
+            yield await self._out.get()
+
+    async def _execute(self, a: pb.ShardAction) -> None:
+        """Carry out one of shard 0's actions (they arrive in the order shard 0 carried them out)."""
+        kind = a.WhichOneof("kind")
+        self.counts[kind] += 1
+        if kind == "setup":
+            self._setup(a.setup)
+        elif kind == "initialize":
+            key = key_of(a.initialize)
+            self.store.initialize(self._part_layout(), self._parts.pop(key))
+            self._answer(key, self.store.snapshot())
+            await self._note_applied()
+        elif kind == "join":
+            self.store.join(a.join.aggregate, self._parts.pop(key_of(a.join.key)))
+        elif kind in ("free", "drop"):
+            key = key_of(a.free if kind == "free" else a.drop.key)
+            part = self._parts.pop(key, None)
+            if part is not None:
+                self.store.recycle(part)
+            if kind == "drop":
+                self._drop(key, a.drop.reason)
+        elif kind == "apply":
+            u = a.apply
+            snap = self.store.submit(u.aggregate, u.samples, u.contributors, u.lr_factor)
+            assert snap.version == u.version, "every shard counts versions alike"
+            await self._note_applied()
+        elif kind == "release":
+            self._answer(key_of(a.release), self.store.snapshot())
+        elif kind == "optimizer":
+            o = a.optimizer
+            self.store.control(partial(adjust_optimizer, lr_scale=o.lr_scale, state=o.state or "keep",
+                                       state_scale=o.state_scale, momentum=o.momentum if o.has_momentum else None))
+        elif kind == "stop":
+            self.finished.set()
+
+    def _drop(self, key: Key, reason: str) -> None:
+        """Answer the push's part with shard 0's refusal, and refuse it if it has yet to arrive."""
+        self._dropped[key] = reason
+        while len(self._dropped) > DROPS_KEPT:
+            del self._dropped[next(iter(self._dropped))]
+        self._answer(key, Rejected("ABORTED", "dropped", f"refused by another PS shard: {reason}"))
+
+    def _setup(self, layout: pb.Layout) -> None:
+        self._layout = part_layout(layout, of_layout(layout, self.shards, self.max_bytes), self.shard)
+        assert self._set_up is not None
+        self._set_up.set()
+
+    def _part_layout(self) -> pb.Layout:
+        assert self._layout is not None
+        return self._layout
+
+    async def _note_applied(self) -> None:
+        assert self._applied is not None
+        async with self._applied:
+            self._applied.notify_all()
+
+    def _answer(self, key: Key, result: Snapshot | Rejected) -> None:
+        for fut in self._held.pop(key, []):
+            if fut.done():
+                continue
+            if isinstance(result, Rejected):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+    # ---- parts from workers ----------------------------------------------------------------------
+
+    async def push_part(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Part k of a push (or, step -1, of the initial values): checked, kept, reported; answered once
+        shard 0 releases it, with the part at the version then applied."""
+        try:
+            key, part = await self._receive(ctx)
+        except Rejected as r:
+            self._refuse(ctx, "push_part", r)
+            return
+        loop = asyncio.get_running_loop()
+        held = loop.create_future()
+        self._held.setdefault(key, []).append(held)
+        loop.call_later(2 * self.receive_timeout_s, self._expire, key, part)
+        try:
+            snapshot = await held
+        except Rejected as r:
+            self._refuse(ctx, "push_part", r)
+            return
+        reply = pb.PartReply(version=snapshot.version, nbytes=snapshot.nbytes)
+        async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
+            yield frame
+
+    async def _receive(self, ctx: grpc.aio.ServicerContext) -> tuple[Key, np.ndarray]:
+        h, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.PartHeader)
+        self._as_worker(ctx, h.key.worker, "PushPart")
+        key = key_of(h.key)
+        try:
+            await self._until_set_up()
+            layout = self._part_layout()
+            if h.layout_digest != layout.digest:
+                raise precondition("layout", "the part's layout is not this shard's part of the model")
+            init = key[2] == INIT_STEP
+            if not init and not self.store.initialized:
+                raise precondition("not_initialized", "the model is not initialized")
+            size = layout_size(layout) if init else self.store.values.size
+            if h.nbytes != size * 4:
+                raise invalid("size", f"the part declares {h.nbytes} bytes, this shard holds {size * 4}")
+            async with self.store.buffers.receiving(self.receive_timeout_s, size if init else None) as part:
+                if not await fill(PayloadWriter(part, check_finite=True), first, ctx, self.receive_timeout_s):
+                    raise invalid("non_finite", "the part has NaN or inf values")
+        except Rejected as r:
+            self._tell(key, r)
+            raise
+        if key in self._dropped:  # shard 0 refused the push before its part arrived here
+            self.store.recycle(part)
+            raise Rejected("ABORTED", "dropped", f"refused by another PS shard: {self._dropped[key]}")
+        old = self._parts.pop(key, None)  # a resent push replaces the copy kept
+        if old is not None:
+            self.store.recycle(old)
+        self._parts[key] = part
+        self._tell(key, None)
+        return key, part
+
+    def _tell(self, key: Key, refusal: Rejected | None) -> None:
+        assert self._out is not None
+        verdict = pb.Verdict(key=part_key(key))
+        if refusal is not None:
+            verdict.reason, verdict.message = refusal.reason, str(refusal)
+        self._out.put_nowait(pb.FollowerMessage(verdict=verdict))
+
+    async def _until_set_up(self) -> None:
+        assert self._set_up is not None
+        try:
+            await asyncio.wait_for(self._set_up.wait(), self.receive_timeout_s)
+        except TimeoutError:
+            raise precondition("not_initialized", "shard 0 has not named the model yet") from None
+
+    def _expire(self, key: Key, part: np.ndarray) -> None:
+        """Drop a part shard 0 never named (see the module docstring)."""
+        if self._parts.get(key) is part:
+            del self._parts[key]
+            self.store.recycle(part)
+            self.count_rejection("push_part", Rejected("ABORTED", "orphan", "shard 0 never named this push"))
+            self._answer(key, Rejected("ABORTED", "orphan", "shard 0 never received this push"))
+
+    async def pull_part(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Part k once the version shard 0 named is applied here (or a newer one)."""
+        try:
+            req, _ = decode(request, pb.PartPull)
+            self._as_worker(ctx, req.worker, "PullPart")
+            await self._until_version(req.min_version)
+        except Rejected as r:
+            self._refuse(ctx, "pull_part", r)
+            return
+        snapshot = self.store.snapshot()
+        reply = pb.PartReply(version=snapshot.version, nbytes=snapshot.nbytes)
+        async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
+            yield frame
+
+    async def _until_version(self, version: int) -> None:
+        assert self._applied is not None
+        try:
+            async with asyncio.timeout(self.receive_timeout_s), self._applied:
+                await self._applied.wait_for(lambda: self.store.initialized and self.store.version >= version)
+        except TimeoutError:
+            raise precondition("not_initialized", f"version {version} is not applied on this shard") from None
+
+    # ---- refusals --------------------------------------------------------------------------------
+
+    def _as_worker(self, ctx: grpc.aio.ServicerContext, worker: int, rpc: str) -> None:
+        if self.guard is not None:
+            authorize_worker(self.guard.admitted(ctx.invocation_metadata()), worker, rpc)
+
+    def _refuse(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> None:
+        self.count_rejection(rpc, r)
+        ctx.set_code(getattr(grpc.StatusCode, r.code))
+        ctx.set_details(str(r))
+
+    def count_rejection(self, rpc: str, r: Rejected) -> None:
+        n = self.rejections[f"{rpc}:{r.reason}"] = self.rejections[f"{rpc}:{r.reason}"] + 1
+        if n == 1 or n % 1000 == 0:
+            log.warning("shard %d: %s rejected (%s): %s [%d of this kind]", self.shard, rpc, r.reason, r, n)
+
+    def summary(self) -> dict[str, object]:
+        """This shard's record (``shard-K.json``): what it applied, discarded and refused."""
+        c = self.counts
+        return {"shard": self.shard, "final_version": self.store.version, "updates": c["apply"],
+                "parts_applied": c["join"], "parts_freed": c["free"], "parts_dropped": c["drop"],
+                "rejections": dict(self.rejections), "parameters": int(self.store.values.size)}
+
+    def methods(self) -> dict[str, grpc.RpcMethodHandler]:
+        raw: dict = dict(request_deserializer=None, response_serializer=None)
+        return {"PushPart": grpc.stream_stream_rpc_method_handler(self.push_part, **raw),
+                "InitPart": grpc.stream_stream_rpc_method_handler(self.push_part, **raw),
+                "PullPart": grpc.unary_stream_rpc_method_handler(self.pull_part, **raw)}

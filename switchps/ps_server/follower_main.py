@@ -1,0 +1,50 @@
+"""Run a follower shard of a sharded PS (`switchps ps --shard K`) until shard 0 says training is over."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from switchps.address import publish, reachable
+from switchps.channels import client_security, server_security
+from switchps.config import RunConfig
+from switchps.errors import ShardLost
+from switchps.jsonfile import dumps
+from switchps.protos.codec import one_arena
+from switchps.ps_server.follower import Follower
+from switchps.ps_server.main import bind_address
+from switchps.ps_server.model import ModelStore
+from switchps.ps_server.optimizers import optimizer_factory
+from switchps.ps_server.server import Server
+from switchps.resources import ResourceSampler
+
+log = logging.getLogger("switchps.ps")
+
+
+def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None:
+    """Serve part ``shard`` of the model, following shard 0 at ``leader``; ``ShardLost`` if shard 0 goes
+    away before training is over."""
+    one_arena()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes,
+                       receive_slots=cfg.cluster.num_workers + 1)
+    follower = Follower(shard, len(cfg.cluster.shards), leader, client_security(cfg, "shard", shard), store,
+                        cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s)
+    sampler = ResourceSampler(f"ps-{shard}", run_dir / "resources.csv")
+    server = Server(follower, bind_address(cfg, shard), server_security(cfg.security))
+    address = reachable(cfg.cluster.shards[shard], server.port)
+    publish(run_dir, address, shard)
+    log.info("PS shard %d of %d serving at %s, following shard 0 at %s", shard, len(cfg.cluster.shards),
+             address, leader)
+    try:
+        while not (follower.finished.is_set() or follower.failed.is_set()):
+            follower.finished.wait(0.5)
+        if follower.failed.is_set():
+            raise ShardLost(f"shard {shard}: shard 0 at {leader} left before training was over")
+    finally:
+        server.stop(grace=1.0)
+        sampler.stop()
+    store.wait_idle(timeout=60)
+    summary = follower.summary()
+    (run_dir / f"shard-{shard}.json").write_text(dumps(summary) + "\n")
+    log.info("PS shard %d: done: %s", shard, summary)

@@ -1,0 +1,108 @@
+"""Shard 0 of a sharded PS: the ordinary ``ParameterServer`` over part 0 of the model, plus the followers.
+
+It differs from an unsharded PS in four places, each an override: a registration names the partition
+the worker splits its model by (refused, with one line, if it is not this PS's); the model's layout is
+the whole model's, while this shard's store holds part 0 (``partition.part_layout``); a push or the
+initial values reach the core only once every follower has accepted its part (``shards.Leader``); and
+every action the core decides also goes, in order, to the followers. The followers are told to stop
+once every worker has been (``run_ps``), so that they answer every last part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import numpy as np
+
+from switchps.auth import Caller
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.partition import Partition, of_layout, part_layout
+from switchps.ps_server.events import Action, Push, StepReport
+from switchps.ps_server.service import ParameterServer
+from switchps.ps_server.shards import INIT_STEP, Key, Leader, part_key
+from switchps.refusals import precondition
+
+
+class ShardZero(ParameterServer):
+    """The deciding shard; ``leader`` holds the followers (see ``switchps.ps_server.shards``)."""
+
+    leader: Leader
+    max_bytes: int
+    """``runtime.shard_max_mb``: how finely the model is cut (the partition is a function of it)."""
+    model_layout: pb.Layout | None = None
+    partition: Partition | None = None
+    failed: str | None = None
+
+    def sharded(self, leader: Leader, max_bytes: int) -> "ShardZero":
+        self.leader, self.max_bytes = leader, max_bytes
+        leader.on_lost = self._lost
+        return self
+
+    def _lost(self, why: str) -> None:
+        self.failed = why
+        self.finished.set()
+
+    def _adopt(self, req: pb.RegisterRequest) -> bool:
+        """The first registration's layout and its partition become the model's; this shard's own layout
+        is part 0's."""
+        self.leader.check_attached()
+        shards = self.leader.followers + 1
+        partition = self.partition or of_layout(req.layout, shards, self.max_bytes)
+        first = self.model_layout is None
+        model = self.model_layout = self.model_layout or req.layout
+        if req.layout.digest != model.digest:
+            raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
+                                         "(same model config on every worker?)")
+        if req.shard_partition != partition.digest:
+            raise precondition("partition", f"worker {req.worker}: its partition of the model over {shards} "
+                                            "shards differs from the PS's (the same cluster.ps list and "
+                                            "runtime.shard_max_mb on every role?)")
+        if first:
+            self.partition, self.layout = partition, part_layout(model, partition, 0)
+            self.leader.adopt(model)
+        return first
+
+    async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
+        worker, layout, values = await super()._receive_init(ctx)
+        key = (worker, 0, INIT_STEP, 0)
+        await self.leader.verdict(key)
+        self.leader.broadcast(pb.ShardAction(initialize=part_key(key)))
+        return worker, layout, values
+
+    async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
+                            named: Callable[[pb.PushHeader], None] = lambda h: None) -> tuple[Push, StepReport, np.ndarray]:
+        """Part 0 of a push, once every follower has accepted its part; a push refused here or by a
+        follower is dropped on every shard."""
+        keys: list[Key] = []
+        try:
+            p, report, grad = await super()._receive_push(
+                ctx, whole, lambda h: keys.append((h.worker, h.session, h.stats.step, h.attempt)))
+        except BaseException as e:
+            if keys:
+                self.leader.drop(keys[0], str(e))
+            raise
+        try:
+            await self.leader.verdict(keys[0])
+        except BaseException as e:
+            self.store.recycle(grad)
+            self.leader.drop(keys[0], str(e))
+            raise
+        p.arrived = self.clock()  # the PS has a push once every shard has its part
+        self.leader.keys[p.id] = keys[0]
+        return p, report, grad
+
+    def _execute(self, actions: list[Action]) -> None:
+        self.leader.forward(actions)
+        super()._execute(actions)
+
+    async def _follow(self, request_iterator: AsyncIterator[pb.FollowerMessage],
+                      ctx: grpc.aio.ServicerContext) -> AsyncIterator[pb.ShardAction]:
+        caller: Caller | None = self.guard.admitted(ctx.invocation_metadata()) if self.guard else None
+        async for action in self.leader.follow(request_iterator, ctx, caller):
+            yield action
+
+    def methods(self) -> dict[str, grpc.RpcMethodHandler]:
+        follow = grpc.stream_stream_rpc_method_handler(self._follow, pb.FollowerMessage.FromString,
+                                                       pb.ShardAction.SerializeToString)
+        return {**super().methods(), "Follow": follow}

@@ -1,0 +1,217 @@
+"""Shard 0 of a sharded PS: the followers' streams, their verdicts on each push, and the action log.
+
+Shard 0 is the one place that decides: it hosts the ``Core`` and the policy, and holds part 0 of the
+model. A follower shard k attaches with one ``Follow`` stream. On it the follower reports a ``Verdict``
+for every part it receives (whole and valid, or refused, and why), and shard 0 sends, in the order it
+executes them, every action the core decides that touches a part (``ShardAction``: join, free, apply,
+release, an optimizer change, a refusal's drop, the end). A follower applies them in that order, so
+every shard applies the same pushes at the same version, and a switch, a budget or an exclusion takes
+effect on every shard at the same version boundary: they are decided once, here.
+
+A push reaches the core only once its part 0 is valid here and every follower has accepted its part
+(``verdict``); one refusal (or a part that never arrives within the wait) drops the push on every
+shard, counted once, here, as ``shard K: REASON``. So a push is applied on all shards or on none.
+
+If a follower's stream ends before training does, shard 0 cannot complete any push: it stops the run
+(``lost``), and the whole run is started again (see docs/ARCHITECTURE.md, *Sharded PS*).
+
+Concurrency: the ``Follow`` handlers, the push handlers awaiting verdicts and ``forward`` (called from
+the service's ``_execute``) all run on the PS's event loop, so nothing here needs a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from switchps.auth import Caller
+from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.events import Action, Apply, Free, Join, Release, SetOptimizer
+from switchps.refusals import Rejected, invalid, precondition
+
+log = logging.getLogger("switchps.ps")
+Key = tuple[int, int, int, int]
+"""A push's name on every shard: (worker, session, step, attempt); initial values have step -1. A
+resent push is a new attempt, so a part that arrives after its push was refused is never taken for it."""
+INIT_STEP = -1
+
+
+def key_of(k: pb.PartKey) -> Key:
+    return k.worker, k.session, k.step, k.attempt
+
+
+def part_key(key: Key) -> pb.PartKey:
+    return pb.PartKey(worker=key[0], session=key[1], step=key[2], attempt=key[3])
+
+
+@dataclass
+class Leader:
+    """Shard 0's view of its ``followers`` followers (shards 1..followers)."""
+
+    followers: int
+    wait_s: float
+    """How long a push waits for every follower's verdict before it is dropped."""
+    queues: dict[int, asyncio.Queue[pb.ShardAction]] = field(default_factory=dict)
+    verdicts: dict[Key, dict[int, pb.Verdict]] = field(default_factory=dict)
+    waiting: dict[Key, asyncio.Future[None]] = field(default_factory=dict)
+    keys: dict[int, Key] = field(default_factory=dict)
+    """Push id -> its name, from the push until its release."""
+    setup: pb.Layout | None = None
+    lost: str | None = None
+    """Why the run cannot go on (a follower left), once one has."""
+    on_lost: Callable[[str], None] = lambda why: None
+
+    @property
+    def attached(self) -> bool:
+        return len(self.queues) == self.followers
+
+    def check_attached(self) -> None:
+        """``Rejected`` (UNAVAILABLE: a worker retries) until every follower is attached."""
+        if not self.attached:
+            missing = sorted(set(range(1, self.followers + 1)) - set(self.queues))
+            raise Rejected("UNAVAILABLE", "shards", f"waiting for PS shards {missing} to attach")
+
+    # ---- the action log ------------------------------------------------------------------------
+
+    def broadcast(self, action: pb.ShardAction) -> None:
+        for q in self.queues.values():
+            q.put_nowait(action)
+
+    def adopt(self, layout: pb.Layout) -> None:
+        """The model's layout, adopted at the first registration: every follower derives its part."""
+        self.setup = layout
+        self.broadcast(pb.ShardAction(setup=layout))
+
+    def forward(self, actions: list[Action]) -> None:
+        """The core's actions that touch the parts, in the order the service executes them."""
+        for a in actions:
+            msg = self._translate(a)
+            if msg is not None:
+                self.broadcast(msg)
+
+    def _translate(self, a: Action) -> pb.ShardAction | None:
+        if isinstance(a, Join):
+            return pb.ShardAction(join=pb.JoinPart(key=part_key(self.keys[a.push_id]), aggregate=a.aggregate_id))
+        if isinstance(a, Free):
+            return pb.ShardAction(free=part_key(self.keys[a.push_id]))
+        if isinstance(a, Apply):
+            agg = a.aggregate
+            return pb.ShardAction(apply=pb.ApplyPart(aggregate=agg.id, samples=agg.samples,
+                                                     contributors=len(agg.members), lr_factor=a.lr_factor,
+                                                     version=a.version))
+        if isinstance(a, Release):
+            key = self.keys.pop(a.push_id, None)
+            return None if key is None else pb.ShardAction(release=part_key(key))
+        if isinstance(a, SetOptimizer):
+            return pb.ShardAction(optimizer=pb.OptimizerChange(
+                lr_scale=a.lr_scale, has_momentum=a.momentum is not None, momentum=a.momentum or 0.0,
+                state=a.state, state_scale=a.state_scale))
+        return None
+
+    def drop(self, key: Key, reason: str) -> None:
+        self.broadcast(pb.ShardAction(drop=pb.DropPart(key=part_key(key), reason=reason)))
+
+    def stop(self) -> None:
+        self.broadcast(pb.ShardAction(stop=True))
+
+    # ---- verdicts --------------------------------------------------------------------------------
+
+    async def verdict(self, key: Key) -> None:
+        """Return once every follower has accepted its part of ``key``; ``Rejected`` naming the shard
+        and its reason if one refused it, or if a part did not arrive within ``wait_s``."""
+        got = self.verdicts.setdefault(key, {})
+        if not self._decided(got):
+            fut = self.waiting[key] = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(fut, self.wait_s)
+            except TimeoutError:
+                pass
+            finally:
+                self.waiting.pop(key, None)
+        got = self.verdicts.pop(key, {})
+        for shard, v in sorted(got.items()):
+            if v.reason:
+                raise Rejected(_code(v.reason), f"shard{shard}:{v.reason}", f"PS shard {shard}: {v.message}")
+        for shard in range(1, self.followers + 1):
+            if shard not in got:
+                raise invalid(f"shard{shard}:no_part", f"PS shard {shard} got no valid part of this push "
+                                                       f"within {self.wait_s:g}s")
+
+    def _decided(self, got: dict[int, pb.Verdict]) -> bool:
+        return len(got) == self.followers or any(v.reason for v in got.values())
+
+    def _heard(self, shard: int, v: pb.Verdict) -> None:
+        key = key_of(v.key)
+        got = self.verdicts.setdefault(key, {})
+        got[shard] = v
+        fut = self.waiting.get(key)
+        if fut is not None and not fut.done() and self._decided(got):
+            fut.set_result(None)
+        if len(self.verdicts) > 64 * (self.followers + 1) + 1024:  # parts whose push never came here
+            for stale in list(self.verdicts)[:len(self.verdicts) // 2]:
+                if stale not in self.waiting:
+                    del self.verdicts[stale]
+
+    # ---- the Follow stream -----------------------------------------------------------------------
+
+    async def follow(self, request_iterator: AsyncIterator[pb.FollowerMessage],
+                     ctx: grpc.aio.ServicerContext, caller: Caller | None) -> AsyncIterator[pb.ShardAction]:
+        """A follower's stream: its hello, then its verdicts; back, the action log from now on."""
+        hello = await anext(aiter(request_iterator), None)
+        shard = hello.hello if hello is not None and hello.WhichOneof("kind") == "hello" else 0
+        problem = self._refuse_follower(shard, caller)
+        if problem is not None:
+            await ctx.abort(getattr(grpc.StatusCode, problem.code), str(problem))
+        queue: asyncio.Queue[pb.ShardAction] = asyncio.Queue()
+        self.queues[shard] = queue
+        if self.setup is not None:
+            queue.put_nowait(pb.ShardAction(setup=self.setup))
+        log.info("PS shard %d attached (%d of %d)", shard, len(self.queues), self.followers)
+        reader = asyncio.get_running_loop().create_task(self._read(shard, request_iterator))
+        stopped = False
+        try:
+            while not stopped:
+                action = await queue.get()
+                yield action
+                stopped = action.stop
+        finally:
+            reader.cancel()
+            if not stopped:
+                self._left(shard)
+            if self.queues.get(shard) is queue:
+                del self.queues[shard]
+
+    def _refuse_follower(self, shard: int, caller: Caller | None) -> Rejected | None:
+        if not 1 <= shard <= self.followers:
+            return invalid("shard", f"not a follower shard index: {shard} (this run has shards 1..{self.followers})")
+        if caller is not None and caller.index != shard:
+            return Rejected("PERMISSION_DENIED", "identity", f"{caller} may not follow as shard {shard}")
+        if shard in self.queues:
+            return precondition("shard", f"PS shard {shard} is attached already")
+        return None
+
+    async def _read(self, shard: int, request_iterator: AsyncIterator[pb.FollowerMessage]) -> None:
+        try:
+            async for msg in request_iterator:
+                if msg.WhichOneof("kind") == "verdict":
+                    self._heard(shard, msg.verdict)
+        except (grpc.RpcError, asyncio.CancelledError):
+            pass
+        finally:
+            self._left(shard)
+
+    def _left(self, shard: int) -> None:
+        if self.lost is None and shard in self.queues:
+            self.lost = f"PS shard {shard} left the run"
+            log.error("%s: no push can complete; stopping (resume the run to go on)", self.lost)
+            self.on_lost(self.lost)
+
+
+def _code(reason: str) -> str:
+    """The status a push refused by a follower gets: the follower's, for the reasons it gives."""
+    return {"layout": "FAILED_PRECONDITION", "not_initialized": "FAILED_PRECONDITION",
+            "busy": "RESOURCE_EXHAUSTED"}.get(reason, "INVALID_ARGUMENT")

@@ -1,0 +1,185 @@
+"""A sharded PS on loopback: shard 0 and two follower shards as real gRPC servers in this process, fed
+by NumPy workers through the real sharded client (``switchps.worker.sharded``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from switchps.channels import ClientSecurity
+from switchps.config import parse_config
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.layout import make_layout
+from switchps.ps_server.follower import Follower
+from switchps.ps_server.main import build_ps, prepare_run_dir
+from switchps.ps_server.model import ModelStore
+from switchps.ps_server.optimizers import optimizer_factory
+from switchps.ps_server.server import Server
+from switchps.ps_server.service import ParameterServer
+from switchps.worker.client import PSClient
+from switchps.worker.sharded import ShardedClient, connect
+
+LAYOUT = make_layout([("kernel", (40, 8)), ("bias", (8,)), ("extra", (30,))], [("moving", (6,))])
+SIZE = 40 * 8 + 8 + 30 + 6
+MAX_BYTES = 400  # the 1,280-byte kernel becomes 4 row blocks
+
+
+@dataclass
+class Sharded:
+    """Shard 0, its followers, their servers and one client per worker."""
+
+    ps: ParameterServer
+    followers: list[Follower]
+    servers: list[Server]
+    clients: list[Any]
+
+    def values(self) -> np.ndarray:
+        """The whole model, joined from every shard's part."""
+        self.ps.store.wait_idle(10)
+        for f in self.followers:
+            f.store.wait_idle(10)
+        if not self.followers:
+            return self.ps.store.values.copy()
+        client = self.clients[0]
+        return client.partition.join([self.ps.store.values, *(f.store.values for f in self.followers)])
+
+
+def config(shards: int, workers: int, protocol: dict) -> Any:
+    return parse_config({
+        "cluster": {"ps": ["127.0.0.1:0"] * shards if shards > 1 else "127.0.0.1:0", "workers": workers,
+                    "startup_timeout_s": 5},
+        "optimizer": {"name": "adam", "learning_rate": 0.01},
+        "protocol": {"name": "bsp", **protocol}, "train": {"steps": 10_000},
+        "checkpoint": {"every_s": None}, "runtime": {"receive_timeout_s": 5}})
+
+
+def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None = None,
+          max_bytes: int = MAX_BYTES) -> Sharded:
+    cfg = config(shards, workers, protocol or {})
+    cfg.runtime.shard_max_mb = MAX_BYTES / 2**20
+    ps = build_ps(cfg, tmp_path, prepare_run_dir(cfg, tmp_path, False))
+    servers = [Server(ps, "127.0.0.1:0")]
+    addresses = [f"127.0.0.1:{servers[0].port}"]
+    followers = []
+    for k in range(1, shards):
+        store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, receive_slots=workers + 1)
+        followers.append(Follower(k, shards, addresses[0], ClientSecurity(), store, MAX_BYTES, 5.0))
+        servers.append(Server(followers[-1], "127.0.0.1:0"))
+        addresses.append(f"127.0.0.1:{servers[-1].port}")
+    deadline = time.monotonic() + 10
+    while shards > 1 and not ps.leader.attached:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the followers attach"
+        time.sleep(0.01)
+    clients = [connect(addresses, LAYOUT, max_bytes, 2**20, ClientSecurity()) for _ in range(workers)]
+    for i, c in enumerate(clients):
+        if c.register(i, LAYOUT, 100).send_init:
+            c.init(i, LAYOUT, np.linspace(-1, 1, SIZE, dtype=np.float32))
+    for i, c in enumerate(clients):
+        c.pull(np.empty(SIZE, np.float32), worker=i, wait_initialized=True)
+    return Sharded(ps, followers, servers, clients)
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    made: list[Sharded] = []
+
+    def factory(shards: int, **kw: Any) -> Sharded:
+        made.append(start(tmp_path / f"c{len(made)}", shards, **kw))
+        return made[-1]
+
+    yield factory
+    for s in made:
+        for c in s.clients:
+            c.close()
+        for server in s.servers:
+            server.stop(grace=None)
+
+
+def push(client: PSClient | ShardedClient, worker: int, step: int, grad: np.ndarray, version: int,
+         samples: int = 4) -> pb.PushReply:
+    header = pb.PushHeader(worker=worker, base_version=version, samples=samples, layout_digest=LAYOUT.digest,
+                           session=7, stats=pb.StepStats(step=step))
+    out = np.empty(SIZE, np.float32)
+    return client.push(header, np.ascontiguousarray(grad, np.float32), out).reply
+
+
+def grads(worker: int, step: int) -> np.ndarray:
+    return np.random.default_rng(1000 * worker + step).normal(size=SIZE).astype(np.float32)
+
+
+def asp_rounds(s: Sharded, rounds: int) -> None:
+    version = 0
+    for step in range(rounds):
+        for w, c in enumerate(s.clients):
+            version = push(c, w, step, grads(w, step), version).order.version
+
+
+def test_three_shards_apply_what_one_applies_bit_for_bit(make):
+    one, three = make(1, protocol={"name": "asp"}), make(3, protocol={"name": "asp"})
+    asp_rounds(one, 12)
+    asp_rounds(three, 12)
+    parts = three.clients[0].partition.parts
+    assert all(any(p.name == "kernel" for p in part) for part in parts), "the kernel's 4 blocks spread"
+    assert three.ps.core.version == one.ps.core.version == 24
+    assert [f.store.version for f in three.followers] == [24, 24], "every shard at the same version"
+    assert np.array_equal(three.values(), one.values()), "bit-identical parameters"
+    assert [f.summary()["parts_applied"] for f in three.followers] == [24, 24]
+
+
+def test_a_part_refused_by_one_shard_is_refused_by_all_and_changes_no_shard(make):
+    s = make(3, protocol={"name": "asp"})
+    asp_rounds(s, 2)
+    before = s.values()
+    bad = grads(0, 2)
+    (a, _), = s.clients[0].partition.ranges(2)[:1]
+    bad[a] = np.nan  # in shard 2's part only
+    with pytest.raises(grpc.RpcError) as e:
+        push(s.clients[0], 0, 2, bad, s.ps.core.version)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "PS shard 2" in e.value.details()
+    assert np.array_equal(s.values(), before), "no shard's parameters changed"
+    assert s.ps.core.version == 4 and [f.store.version for f in s.followers] == [4, 4]
+    assert s.ps.rec.rejections["push:shard2:non_finite"] == 1, "counted once, by shard 0"
+    assert s.followers[1].rejections["push_part:non_finite"] == 1
+    assert s.followers[0].summary()["parts_dropped"] == 1, "shard 1 dropped the part it had accepted"
+    push(s.clients[0], 0, 2, grads(0, 2), s.ps.core.version)  # the worker goes on
+    assert s.ps.core.version == 5
+
+
+def test_a_part_refused_by_shard_zero_is_dropped_by_the_followers(make):
+    s = make(3, protocol={"name": "asp"})
+    bad = grads(1, 0)
+    bad[0] = np.inf  # part 0 holds the kernel's first rows
+    assert s.clients[1].partition.ranges(0)[0][0] == 0
+    with pytest.raises(grpc.RpcError) as e:
+        push(s.clients[1], 1, 0, bad, 0)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [f.summary()["parts_dropped"] for f in s.followers] == [1, 1], "not kept until they expire"
+    assert s.ps.core.version == 0
+
+
+def test_a_bsp_round_completes_on_every_shard_at_once(make):
+    s = make(3, protocol={"name": "bsp"})
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        for step in range(3):
+            replies = list(pool.map(lambda w: push(s.clients[w], w, step, grads(w, step), step), [0, 1]))
+            assert {r.order.version for r in replies} == {step + 1}
+    assert [f.store.version for f in s.followers] == [3, 3]
+    assert s.followers[0].summary()["parts_applied"] == 6
+
+
+def test_a_worker_with_another_partition_is_refused_with_one_line(tmp_path, make):
+    s = make(3)
+    other = ShardedClient([c.address for c in s.clients[0].clients], LAYOUT, 2 * MAX_BYTES, 2**20)
+    with pytest.raises(grpc.RpcError) as e:
+        other.register(0, LAYOUT, 100)
+    other.close()
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "partition of the model over 3 shards differs" in e.value.details()

@@ -1,0 +1,92 @@
+"""Shard 0's bookkeeping (``switchps.ps_server.shards.Leader``) without sockets: verdicts and the action log."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from switchps.protos import switchps_pb2 as pb
+from switchps.ps_server.events import (
+    Aggregate, Apply, Join, Outcome, Push, Record, Release, SetOptimizer, WorkOrder,
+)
+from switchps.ps_server.shards import Leader, part_key
+from switchps.refusals import Rejected
+
+KEY = (3, 11, 5, 99)
+
+
+def verdict(reason: str = "") -> pb.Verdict:
+    return pb.Verdict(key=part_key(KEY), reason=reason, message=f"the part: {reason}" if reason else "")
+
+
+def test_a_push_waits_for_every_follower_and_goes_on_once_all_accepted():
+    async def scenario() -> list[str]:
+        leader, seen = Leader(followers=2, wait_s=30), []
+        leader._heard(2, verdict())  # a verdict may arrive before shard 0 has the push
+        waiting = asyncio.ensure_future(leader.verdict(KEY))
+        await asyncio.sleep(0)
+        seen.append("waiting" if not waiting.done() else "done")
+        leader._heard(1, verdict())
+        await waiting
+        seen.append("done")
+        assert leader.verdicts == {} and leader.waiting == {}, "nothing kept once decided"
+        return seen
+
+    assert asyncio.run(scenario()) == ["waiting", "done"]
+
+
+def test_one_refusal_refuses_the_push_without_waiting_for_the_others():
+    async def scenario() -> None:
+        leader = Leader(followers=3, wait_s=30)
+        waiting = asyncio.ensure_future(leader.verdict(KEY))
+        await asyncio.sleep(0)
+        leader._heard(3, verdict("non_finite"))
+        with pytest.raises(Rejected) as e:
+            await waiting
+        assert e.value.reason == "shard3:non_finite" and e.value.code == "INVALID_ARGUMENT"
+        assert "PS shard 3" in str(e.value)
+
+    asyncio.run(scenario())
+
+
+def test_a_part_that_never_arrives_refuses_the_push_naming_the_shard():
+    async def scenario() -> None:
+        leader = Leader(followers=2, wait_s=0.01)
+        leader._heard(1, verdict())
+        with pytest.raises(Rejected) as e:
+            await leader.verdict(KEY)
+        assert e.value.reason == "shard2:no_part"
+
+    asyncio.run(scenario())
+
+
+def test_the_core_actions_reach_the_followers_in_order_named_by_the_push():
+    leader = Leader(followers=1, wait_s=30)
+    queue: asyncio.Queue[pb.ShardAction] = asyncio.Queue()
+    leader.queues[1] = queue
+    leader.keys[7] = KEY
+    push = Push(7, 3, 5, 2, 0.0, 0.0, step=5, session=11)
+    agg = Aggregate(0.0, [push], samples=2, id=4)
+    release = Release(7, 3, Outcome(True, 0, 0.0), WorkOrder("asp", 1, 2, 0.0, 2, False))
+    leader.forward([Join(7, 4), Record("x", {}), Apply(1, agg, 0.5, "asp", 0.0, 0.0), release,
+                    SetOptimizer(2.0, None, "reset")])
+    sent = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert [a.WhichOneof("kind") for a in sent] == ["join", "apply", "release", "optimizer"], "records stay here"
+    assert sent[0].join.key == part_key(KEY) and sent[0].join.aggregate == 4
+    assert (sent[1].apply.aggregate, sent[1].apply.samples, sent[1].apply.contributors, sent[1].apply.version,
+            sent[1].apply.lr_factor) == (4, 2, 1, 1, 0.5)
+    assert sent[2].release == part_key(KEY) and leader.keys == {}, "a push's name is forgotten at its release"
+    assert not sent[3].optimizer.has_momentum and sent[3].optimizer.state == "reset"
+
+
+def test_a_leader_counts_a_follower_as_attached_only_while_its_stream_is_open():
+    leader = Leader(followers=2, wait_s=1)
+    with pytest.raises(Rejected) as e:
+        leader.check_attached()
+    assert e.value.code == "UNAVAILABLE" and "[1, 2]" in str(e.value)
+    leader.queues[1] = asyncio.Queue()
+    lost: list[str] = []
+    leader.on_lost = lost.append
+    leader._left(1)
+    assert lost == ["PS shard 1 left the run"] and leader.lost == lost[0]
