@@ -21,7 +21,7 @@ from switchps.address import split
 from switchps.checks import PREFLIGHT
 from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
-from switchps.errors import PSUnreachable, RunDirError, ShardLost
+from switchps.errors import EXIT_SHARD_LOST, PSUnreachable, RunDirError, ShardLost
 from switchps.resume_rules import refuse_incompatible
 from switchps.role_commands import cmd_evaluator, cmd_ps, cmd_worker, exit_on_sigint, watch_parent
 
@@ -325,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as e:
         print(f"switchps: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    except (PSUnreachable, ShardLost) as e:
+    except ShardLost as e:
+        print(f"switchps: {args.command}: {e}", file=sys.stderr)
+        return EXIT_SHARD_LOST
+    except PSUnreachable as e:
         print(f"switchps: {args.command}: {e}", file=sys.stderr)
         return 1
     except grpc.RpcError as e:

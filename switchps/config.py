@@ -349,9 +349,6 @@ class RunConfig(Section):
         problems = under("security", self.security.role_problems(role_of(info), ps_host))
         if self.protocol.backup_workers >= n:
             problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
-        if len(self.cluster.shards) > 1 and (self.checkpoint.every_s or self.checkpoint.every_updates):
-            problems.append(("checkpoint", f"a sharded PS (cluster.ps lists {len(self.cluster.shards)}) does not "
-                                           "checkpoint yet: set checkpoint.every_s and every_updates to null"))
         if problems:
             raise Problems(problems)
         return self

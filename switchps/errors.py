@@ -10,4 +10,9 @@ class PSUnreachable(RuntimeError):
 
 
 class ShardLost(RuntimeError):
-    """A shard of a sharded PS left the run (or shard 0 did, for a follower): no push can complete."""
+    """A shard of a sharded PS left the run (or shard 0 did, for a follower): no push can complete. The
+    process exits with ``EXIT_SHARD_LOST``, and `switchps run` restarts every shard from the checkpoint."""
+
+
+EXIT_SHARD_LOST = 75
+"""EX_TEMPFAIL: try again (a PS shard whose run can be resumed)."""

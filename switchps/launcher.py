@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -46,6 +46,7 @@ from switchps.auth import new_secret, write_private
 from switchps.backends import Backend, Handle, LocalBackend, RoleSpec, tail
 from switchps.channels import ClientSecurity, client_security
 from switchps.config import RunConfig
+from switchps.errors import EXIT_SHARD_LOST
 from switchps.worker.client import PSClient, wait_for_ps
 
 console = Console(stderr=True)
@@ -117,22 +118,52 @@ class Restarts:
     """Restarts a role killed by a signal (kill -9, the OOM killer), up to ``limit`` times per role. One
     that exited with an error is not restarted: it would fail again. A PS comes back from its latest
     checkpoint (its arguments say ``--resume``) and, if it can, on the port it had (``switchps.address``);
-    workers and the evaluator reconnect."""
+    workers and the evaluator reconnect. The shards of a sharded PS (the first ``shards`` handles) go
+    back together: when one is killed, or ends because another shard left (``EXIT_SHARD_LOST``), all
+    of them are started again by ``restart_ps``, from shard 0's latest checkpoint (counted as ``ps``)."""
 
     limit: int
     roles: dict[str, RoleSpec]
     backend: Backend
     used: Counter[str] = field(default_factory=Counter)
+    shards: int = 1
+    restart_ps: Callable[[list[Handle]], object] | None = None
+    """Starts every PS shard again, appending their handles to the list given."""
 
     def revive(self, handles: list[Handle]) -> None:
-        for i, h in enumerate(handles):
+        first = 0
+        if self.shards > 1:
+            first = self.shards
+            if any(_restartable(h.returncode, lost_too=True) for h in handles[:first]):
+                self._shards_again(handles)
+        for i, h in enumerate(handles[first:], start=first):
             code = h.returncode
-            if code is None or code >= 0 or code == -signal.SIGINT or self.used[h.role] >= self.limit:
+            if not _restartable(code) or self.used[h.role] >= self.limit:
                 continue
             self.used[h.role] += 1
             console.print(f"switchps: {h.role} exited with code {code}; restarting it "
                           f"({self.used[h.role]} of {self.limit})")
             handles[i] = self.backend.start(self.roles[h.role])
+
+    def _shards_again(self, handles: list[Handle]) -> None:
+        if self.used["ps"] >= self.limit or self.restart_ps is None:
+            return
+        self.used["ps"] += 1
+        down = ", ".join(f"{h.role} ({h.returncode})" for h in handles[:self.shards] if h.returncode is not None)
+        console.print(f"switchps: PS shards down: {down}; restarting all {self.shards} from the latest "
+                      f"checkpoint ({self.used['ps']} of {self.limit})")
+        stop_all(handles[:self.shards])
+        new: list[Handle] = []
+        try:
+            self.restart_ps(new)
+        finally:
+            handles[:self.shards] = new + handles[len(new):self.shards]
+
+
+def _restartable(code: int | None, lost_too: bool = False) -> bool:
+    """A role that a restart may bring back: killed by a signal other than Ctrl-C's, or (``lost_too``) a
+    PS shard that ended because another one left."""
+    return code is not None and ((code < 0 and code != -signal.SIGINT) or (lost_too and code == EXIT_SHARD_LOST))
 
 
 def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
@@ -151,16 +182,22 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
     handles: list[Handle] = []
     with sigint_as_flag() as ctrl_c:
         try:
-            before = stamp(run_dir)  # a resumed run directory holds its previous PS's address
-            handles.append(backend.start(ps))
-            address = _wait_for_ps(run_dir, before, handles[0], ctrl_c, client_security(cfg, "status"))
-            shards = _follower_roles(cfg, run_dir, address)
-            addresses = [address, *_start_followers(backend, shards, run_dir, handles, ctrl_c)]
-            roles = {r.role: r for r in [ps, *shards, *_client_roles(cfg, run_dir, ",".join(addresses))]}
-            for role in list(roles.values())[1 + len(shards):]:
+            def start_ps(started: list[Handle]) -> list[str]:
+                """Every PS shard, shard 0 first; the addresses they published."""
+                before = stamp(run_dir)  # a resumed run directory holds its previous PS's address
+                started.append(backend.start(ps))
+                address = _wait_for_ps(run_dir, before, started[0], ctrl_c, client_security(cfg, "status"))
+                return [address, *_start_followers(backend, _follower_roles(cfg, run_dir, address), run_dir,
+                                                   started, ctrl_c)]
+
+            addresses = start_ps(handles)
+            roles = {r.role: r for r in [ps, *_client_roles(cfg, run_dir, ",".join(addresses))]}
+            for role in list(roles.values())[1:]:
                 ctrl_c.check()
                 handles.append(backend.start(role))
-            _follow(cfg, address, handles, quiet, ctrl_c, Restarts(cfg.cluster.max_restarts, roles, backend))
+            restarts = Restarts(cfg.cluster.max_restarts, roles, backend, shards=len(addresses),
+                                restart_ps=start_ps)
+            _follow(cfg, addresses[0], handles, quiet, ctrl_c, restarts)
             stop_all(handles[1:], STOP_TIMEOUT_S)
         except BaseException:
             stop_all(handles, KILL_AFTER_S)

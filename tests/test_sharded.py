@@ -69,7 +69,8 @@ def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None =
     followers = []
     for k in range(1, shards):
         store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, receive_slots=workers + 1)
-        followers.append(Follower(k, shards, addresses[0], ClientSecurity(), store, MAX_BYTES, 5.0))
+        followers.append(Follower(k, shards, addresses[0], ClientSecurity(), store, MAX_BYTES, 5.0,
+                                  tmp_path / "checkpoints" / f"shard-{k}"))
         servers.append(Server(followers[-1], "127.0.0.1:0"))
         addresses.append(f"127.0.0.1:{servers[-1].port}")
     deadline = time.monotonic() + 10

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import keras
 import numpy as np
+import psutil
 import pytest
 import yaml
 
-from test_launch import check_run_dir, rows, run
+from test_launch import SWITCHPS, check_run_dir, rows, run
 
 pytestmark = pytest.mark.integration
 THREE = ["127.0.0.1:0"] * 3
@@ -67,3 +70,55 @@ def test_a_switch_bsp_asp_amb_bsp_on_three_shards_loses_and_repeats_nothing(tmp_
         assert s["final_version"] == s["updates"] == summary["updates"] == 80
         assert s["parts_applied"] == summary["pushes_accepted"] and s["rejections"] == {}
         assert s["parts_freed"] == summary["pushes_dropped"]
+
+
+def shard_process(launcher_pid: int, shard: int) -> psutil.Process:
+    """The process of PS shard ``shard`` among the launcher's children."""
+    for child in psutil.Process(launcher_pid).children():
+        args = child.cmdline()
+        if "ps" in args and (("--shard" in args and args[args.index("--shard") + 1] == str(shard))
+                             or (shard == 0 and "--shard" not in args)):
+            return child
+    raise AssertionError(f"no process of shard {shard}")
+
+
+@pytest.mark.parametrize("shard", [1, 0])
+def test_a_killed_shard_takes_every_shard_back_to_the_last_checkpoint_and_the_run_completes(
+        tmp_path, processes, shard):
+    path = config(tmp_path, THREE, protocol={"name": "asp", "batch": 16}, train={"steps": 300},
+                  device={"samples_per_s": 400}, checkpoint={"every_s": None, "every_updates": 20},
+                  output={"dir": str(tmp_path)})
+    launcher = processes([SWITCHPS, "run", str(path), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*/checkpoints/v*.ckpt"))) < 2:  # shard 0's: every shard's part saved
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[1][-3000:]
+        time.sleep(0.05)
+    shard_process(launcher.pid, shard).kill()
+    _, err = launcher.communicate(timeout=240)
+    assert launcher.returncode == 0, err[-3000:]
+    (run_dir,) = [d for d in tmp_path.iterdir() if (d / "summary.json").exists()]
+    summary = check_run_dir(run_dir)
+    assert summary["resumes"] == 1 and summary["final_version"] == summary["updates"] == 300
+    versions = [int(r["version"]) for r in rows(run_dir / "ps.csv")]
+    assert versions == list(range(1, 301)), "every version once (what the crash lost is in ps.lost.csv)"
+    pushes = [p for r in rows(run_dir / "ps.csv") for p in r["pushes"].split(";")]
+    assert len(pushes) == len(set(pushes)), "no push applied twice"
+    (resumed,) = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()
+                  if json.loads(x)["event"] == "resumed"]
+    for s in shard_records(run_dir):  # every shard went back to the version shard 0 resumed from
+        assert s["resumed_at"] == resumed["version"] and s["resumed_at"] + s["updates"] == s["final_version"] == 300
+
+
+def test_a_resume_with_a_shards_part_missing_refuses_with_one_line(tmp_path):
+    path = config(tmp_path, THREE, train={"steps": 20}, checkpoint={"every_s": None, "every_updates": 10})
+    proc, run_dir = run(tmp_path, str(path))
+    assert proc.returncode == 0 and run_dir is not None, proc.stderr[-3000:]
+    latest = sorted((run_dir / "checkpoints" / "shard-2").glob("v*.ckpt"))[-1]
+    latest.unlink()
+    resumed = subprocess.run([SWITCHPS, "run", "--resume", str(run_dir), "--quiet"], capture_output=True, text=True,
+                             timeout=240, cwd=tmp_path)
+    assert resumed.returncode != 0 and "ps exited with code 2" in resumed.stderr, resumed.stderr[-3000:]
+    line = f"PS shard 2 cannot resume: {latest} is missing (shard 0 resumed from version 20)"
+    for role in ("ps", "ps-2"):  # the launcher quotes shard 0's log, whose last line it is
+        assert (run_dir / "logs" / f"{role}.log").read_text().splitlines()[-1] == f"switchps: {line}"

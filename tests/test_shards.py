@@ -86,7 +86,33 @@ def test_a_leader_counts_a_follower_as_attached_only_while_its_stream_is_open():
         leader.check_attached()
     assert e.value.code == "UNAVAILABLE" and "[1, 2]" in str(e.value)
     leader.queues[1] = asyncio.Queue()
-    lost: list[str] = []
-    leader.on_lost = lost.append
+    leader.ready.add(1)
+    lost: list[tuple[str, bool]] = []
+    leader.on_lost = lambda why, resumable: lost.append((why, resumable))
     leader._left(1)
-    assert lost == ["PS shard 1 left the run"] and leader.lost == lost[0]
+    assert lost == [("PS shard 1 left the run", True)] and leader.lost == lost[0][0]
+    assert leader.ready == set(), "a follower that left is waited for again"
+
+
+def test_after_a_resume_a_follower_is_ready_only_once_it_restored_its_part():
+    leader = Leader(followers=1, wait_s=1)
+    leader.queues[1] = asyncio.Queue()
+    lost: list[tuple[str, bool]] = []
+    leader.on_lost = lambda why, resumable: lost.append((why, resumable))
+    leader._restored(1, pb.ShardSaved(version=40, error="PS shard 1 cannot resume: v40 is missing"))
+    assert not leader.attached and lost == [("PS shard 1 cannot resume: v40 is missing", False)]
+    leader._restored(1, pb.ShardSaved(version=40, digest="ab"))
+    assert leader.attached
+
+
+def test_shard_zeros_checkpoint_waits_for_every_followers_part_or_is_not_written():
+    leader = Leader(followers=2, wait_s=1)
+    leader.saves.add(2, pb.ShardSaved(version=20, digest="d2"))
+    leader.saves.add(1, pb.ShardSaved(version=20, digest="d1"))
+    assert leader.manifest(20, timeout_s=0) == {"1": "d1", "2": "d2"}
+    leader.saves.add(1, pb.ShardSaved(version=40, error="disk full"))
+    with pytest.raises(OSError, match="shard 1: disk full"):
+        leader.manifest(40, timeout_s=0)
+    leader.saves.add(1, pb.ShardSaved(version=60, digest="d1"))
+    with pytest.raises(OSError, match="1 of 2"):
+        leader.manifest(60, timeout_s=0)

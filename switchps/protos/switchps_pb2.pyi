@@ -242,13 +242,27 @@ class Verdict(_message.Message):
     message: str
     def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
+class ShardSaved(_message.Message):
+    __slots__ = ("version", "digest", "error")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    digest: str
+    error: str
+    def __init__(self, version: _Optional[int] = ..., digest: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
 class FollowerMessage(_message.Message):
-    __slots__ = ("hello", "verdict")
+    __slots__ = ("hello", "verdict", "saved", "restored")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SAVED_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
     hello: int
     verdict: Verdict
-    def __init__(self, hello: _Optional[int] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ...) -> None: ...
+    saved: ShardSaved
+    restored: ShardSaved
+    def __init__(self, hello: _Optional[int] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., saved: _Optional[_Union[ShardSaved, _Mapping]] = ..., restored: _Optional[_Union[ShardSaved, _Mapping]] = ...) -> None: ...
 
 class JoinPart(_message.Message):
     __slots__ = ("key", "aggregate")
@@ -295,7 +309,7 @@ class DropPart(_message.Message):
     def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ShardAction(_message.Message):
-    __slots__ = ("setup", "initialize", "join", "free", "apply", "release", "optimizer", "drop", "stop")
+    __slots__ = ("setup", "initialize", "join", "free", "apply", "release", "optimizer", "drop", "stop", "checkpoint", "restore")
     SETUP_FIELD_NUMBER: _ClassVar[int]
     INITIALIZE_FIELD_NUMBER: _ClassVar[int]
     JOIN_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +319,8 @@ class ShardAction(_message.Message):
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     DROP_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     setup: Layout
     initialize: PartKey
     join: JoinPart
@@ -314,4 +330,6 @@ class ShardAction(_message.Message):
     optimizer: OptimizerChange
     drop: DropPart
     stop: bool
-    def __init__(self, setup: _Optional[_Union[Layout, _Mapping]] = ..., initialize: _Optional[_Union[PartKey, _Mapping]] = ..., join: _Optional[_Union[JoinPart, _Mapping]] = ..., free: _Optional[_Union[PartKey, _Mapping]] = ..., apply: _Optional[_Union[ApplyPart, _Mapping]] = ..., release: _Optional[_Union[PartKey, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerChange, _Mapping]] = ..., drop: _Optional[_Union[DropPart, _Mapping]] = ..., stop: _Optional[bool] = ...) -> None: ...
+    checkpoint: int
+    restore: ShardSaved
+    def __init__(self, setup: _Optional[_Union[Layout, _Mapping]] = ..., initialize: _Optional[_Union[PartKey, _Mapping]] = ..., join: _Optional[_Union[JoinPart, _Mapping]] = ..., free: _Optional[_Union[PartKey, _Mapping]] = ..., apply: _Optional[_Union[ApplyPart, _Mapping]] = ..., release: _Optional[_Union[PartKey, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerChange, _Mapping]] = ..., drop: _Optional[_Union[DropPart, _Mapping]] = ..., stop: _Optional[bool] = ..., checkpoint: _Optional[int] = ..., restore: _Optional[_Union[ShardSaved, _Mapping]] = ...) -> None: ...

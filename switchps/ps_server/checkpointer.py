@@ -39,6 +39,8 @@ from switchps.ps_server.optimizers import Optimizer
 from switchps.ps_server.model import Sums
 
 log = logging.getLogger("switchps.ps")
+MANIFEST_WAIT_S = 120.0
+"""How long shard 0's checkpoint waits for the followers' parts; without them it is not written."""
 
 
 class CoreState(Protocol):
@@ -81,6 +83,15 @@ class Model(Protocol):
     def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int) -> None: ...
 
 
+class Followers(Protocol):
+    """A sharded PS's other shards (``shards.Leader``): each saves its part where shard 0 takes its
+    checkpoint, and shard 0's file lists their digests (its manifest, the commit point)."""
+
+    def checkpoint(self, version: int) -> None: ...
+
+    def manifest(self, version: int, timeout_s: float) -> dict[str, str]: ...
+
+
 class Clients(Protocol):
     """What the gRPC driver learnt from its clients: the layout they registered, their latest evaluation."""
 
@@ -100,6 +111,7 @@ class Parts:
     record: Record | None = None
     model: Model | None = None
     clients: Clients | None = None
+    followers: Followers | None = None
 
 
 Copy = Callable[[str, np.ndarray], np.ndarray]
@@ -220,6 +232,8 @@ class Checkpointer:
             self._in_flight = True
         self.last_at, self.last_version = now, version
         state = {**between_events(parts, now), "saved_at": time.time(), "config": self.config}
+        if parts.followers is not None:
+            parts.followers.checkpoint(version)
 
         def capture() -> None:  # every update up to ``version`` is applied, none after
             t0 = time.perf_counter()
@@ -259,6 +273,8 @@ class Checkpointer:
             try:
                 if self.parts.record is not None:  # the rows it counts are in the files before it can be read
                     self.parts.record.flush()
+                if self.parts.followers is not None:  # the commit point waits for every shard's part
+                    state["shards"] = self.parts.followers.manifest(version, MANIFEST_WAIT_S)
                 path = checkpoint.write(self.directory, version, state)
                 checkpoint.prune(self.directory, self.spec.keep)
                 self.stats.written += 1

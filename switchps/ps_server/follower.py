@@ -24,6 +24,7 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from functools import partial
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -38,6 +39,7 @@ from switchps.ps_server.guard import Guard
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.optimizers import adjust_optimizer
 from switchps.ps_server.service import SERVICE
+from switchps.ps_server.shard_checkpoint import PartSaver, capture, restore_part
 from switchps.ps_server.shards import INIT_STEP, Key, key_of, part_key
 from switchps.refusals import Rejected, invalid, precondition
 
@@ -50,9 +52,15 @@ class Follower:
     """Follower shard ``shard`` of ``shards``, following shard 0 at ``leader``."""
 
     def __init__(self, shard: int, shards: int, leader: str, security: ClientSecurity, store: ModelStore,
-                 max_bytes: int, receive_timeout_s: float) -> None:
+                 max_bytes: int, receive_timeout_s: float, checkpoints: Path, keep: int = 2) -> None:
+        """``checkpoints``: where this shard saves and finds its part (``shard_checkpoint.part_dir``)."""
         self.shard, self.shards, self.leader, self.security = shard, shards, leader, security
         self.store, self.max_bytes, self.receive_timeout_s = store, max_bytes, receive_timeout_s
+        self.checkpoints, self.saver = checkpoints, PartSaver(checkpoints, keep)
+        self.refused: str | None = None
+        """Why this shard could not resume, if it could not."""
+        self.resumed_at = 0
+        """The version this shard's part was restored at (0: started afresh)."""
         self.guard: Guard | None = None  # set by ``server.Server`` when the run has a secret
         self.rejections: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
@@ -126,8 +134,38 @@ class Follower:
             o = a.optimizer
             self.store.control(partial(adjust_optimizer, lr_scale=o.lr_scale, state=o.state or "keep",
                                        state_scale=o.state_scale, momentum=o.momentum if o.has_momentum else None))
+        elif kind == "checkpoint":
+            self._save(a.checkpoint)
+        elif kind == "restore":
+            self._restore(a.restore)
         elif kind == "stop":
             self.finished.set()
+
+    def _save(self, version: int) -> None:
+        """Save the part at ``version`` (captured on the applier, here in the action order, written in
+        the background), then tell shard 0 the file's digest."""
+        loop, out = asyncio.get_running_loop(), self._out
+        assert out is not None
+
+        def tell(saved: pb.ShardSaved) -> None:
+            loop.call_soon_threadsafe(out.put_nowait, pb.FollowerMessage(saved=saved))
+
+        self.store.control(lambda _: self.saver.save(version, capture(self.store), tell))
+
+    def _restore(self, at: pb.ShardSaved) -> None:
+        """Load the part shard 0's checkpoint names; refuse (and end) if it is not here as named."""
+        assert self._out is not None and self._set_up is not None
+        try:
+            self._layout = restore_part(self.store, self.checkpoints, at.version, at.digest)
+        except ValueError as e:
+            self.refused = f"PS shard {self.shard} cannot resume: {e}"
+            self._out.put_nowait(pb.FollowerMessage(restored=pb.ShardSaved(version=at.version, error=self.refused)))
+            log.error("%s", self.refused)
+            return
+        self._set_up.set()
+        self.resumed_at = at.version
+        self._out.put_nowait(pb.FollowerMessage(restored=pb.ShardSaved(version=at.version, digest=at.digest)))
+        log.info("shard %d: resumed its part at version %d", self.shard, at.version)
 
     def _drop(self, key: Key, reason: str) -> None:
         """Answer the push's part with shard 0's refusal, and refuse it if it has yet to arrive."""
@@ -274,9 +312,11 @@ class Follower:
             log.warning("shard %d: %s rejected (%s): %s [%d of this kind]", self.shard, rpc, r.reason, r, n)
 
     def summary(self) -> dict[str, object]:
-        """This shard's record (``shard-K.json``): what it applied, discarded and refused."""
+        """This shard's record (``shard-K.json``): what this process applied, discarded and refused (after
+        a resume, ``resumed_at + updates == final_version``)."""
         c = self.counts
-        return {"shard": self.shard, "final_version": self.store.version, "updates": c["apply"],
+        return {"shard": self.shard, "final_version": self.store.version, "resumed_at": self.resumed_at,
+                "updates": c["apply"],
                 "parts_applied": c["join"], "parts_freed": c["free"], "parts_dropped": c["drop"],
                 "rejections": dict(self.rejections), "parameters": int(self.store.values.size)}
 

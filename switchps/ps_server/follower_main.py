@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from switchps.address import publish, reachable
+from switchps.address import publish, published, reachable, split
 from switchps.channels import client_security, server_security
 from switchps.config import RunConfig
-from switchps.errors import ShardLost
+from switchps.errors import RunDirError, ShardLost
 from switchps.jsonfile import dumps
 from switchps.protos.codec import one_arena
 from switchps.ps_server.follower import Follower
@@ -16,9 +16,23 @@ from switchps.ps_server.main import bind_address
 from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.server import Server
+from switchps.ps_server.shard_checkpoint import part_dir
 from switchps.resources import ResourceSampler
 
 log = logging.getLogger("switchps.ps")
+
+
+def bind(follower: Follower, cfg: RunConfig, run_dir: Path, shard: int) -> Server:
+    """Serve, on the port this shard had before if it published one (workers riding out a restart of
+    the PS's shards come back to the addresses they know), else as configured."""
+    host, port = split(bind_address(cfg, shard))
+    previous = published(run_dir, shard) if port == 0 else None
+    if previous is not None:
+        try:
+            return Server(follower, f"{host}:{split(previous)[1]}", server_security(cfg.security))
+        except OSError as e:
+            log.warning("%s, which shard %d had before; binding another port", e, shard)
+    return Server(follower, f"{host}:{port}", server_security(cfg.security))
 
 
 def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None:
@@ -29,9 +43,10 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes,
                        receive_slots=cfg.cluster.num_workers + 1)
     follower = Follower(shard, len(cfg.cluster.shards), leader, client_security(cfg, "shard", shard), store,
-                        cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s)
+                        cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s, part_dir(run_dir, shard),
+                        cfg.checkpoint.keep)
     sampler = ResourceSampler(f"ps-{shard}", run_dir / "resources.csv")
-    server = Server(follower, bind_address(cfg, shard), server_security(cfg.security))
+    server = bind(follower, cfg, run_dir, shard)
     address = reachable(cfg.cluster.shards[shard], server.port)
     publish(run_dir, address, shard)
     log.info("PS shard %d of %d serving at %s, following shard 0 at %s", shard, len(cfg.cluster.shards),
@@ -39,11 +54,14 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     try:
         while not (follower.finished.is_set() or follower.failed.is_set()):
             follower.finished.wait(0.5)
+        if follower.refused:
+            raise RunDirError(follower.refused)
         if follower.failed.is_set():
             raise ShardLost(f"shard {shard}: shard 0 at {leader} left before training was over")
     finally:
         server.stop(grace=1.0)
         sampler.stop()
+        follower.saver.close()
     store.wait_idle(timeout=60)
     summary = follower.summary()
     (run_dir / f"shard-{shard}.json").write_text(dumps(summary) + "\n")

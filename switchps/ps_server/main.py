@@ -5,19 +5,19 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import start_http_server
 
 from switchps.address import publish, published, reachable, split
 from switchps.channels import server_security
 from switchps.config import RunConfig
-from switchps.errors import ShardLost
+from switchps.errors import RunDirError
 from switchps import resources
 from switchps.resources import ResourceSampler
 from switchps.protos.codec import one_arena
 from switchps.ps_server.checkpoint import Checkpoint
-from switchps.ps_server.checkpointer import Checkpointer, Parts, record_position, restore
+from switchps.ps_server.checkpointer import MANIFEST_WAIT_S, Checkpointer, Parts, record_position, restore
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
@@ -49,9 +49,11 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
                                                        int(cfg.runtime.max_model_mb * 2**20), clock=clock)
     if isinstance(ps, ShardZero):
         ps.sharded(Leader(followers, cfg.runtime.receive_timeout_s), cfg.runtime.shard_max_bytes)
-    parts = Parts(core, store.sums, rec, store, ps)
+    parts = Parts(core, store.sums, rec, store, ps, ps.leader if isinstance(ps, ShardZero) else None)
     if resume is not None:
         restore(parts, resume.state, resume.version, time.monotonic())
+        if isinstance(ps, ShardZero):
+            ps.leader.resume = (resume.version, shard_manifest(resume, followers))
         _note_resume(ps, resume)
     ck = cfg.checkpoint
     if ck.every_s or ck.every_updates:
@@ -72,24 +74,35 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
         start_http_server(cfg.runtime.metrics_port)
     try:
         ps.finished.wait()
-        if isinstance(ps, ShardZero) and ps.failed:
-            raise ShardLost(f"{ps.failed}; resume the run (--resume) to go on from its last checkpoint")
         ps.final_evaluated.wait(cfg.eval.final_timeout_s)
         ps.all_told_stop.wait(STOP_GRACE_S)
-        if isinstance(ps, ShardZero):  # every worker has its last reply: the followers may go
-            server.call_soon(ps.leader.stop)
+        if isinstance(ps, ShardZero) and ps.failed:  # it sets every event the waits above are on
+            raise ps.failed
+        if isinstance(ps, ShardZero):  # every worker has its last reply: a last checkpoint, then the followers go
+            _final_checkpoint(ps, lambda take: server.call(take))
+            server.call(ps.leader.stop)
     finally:
         server.stop(grace=1.0)
     ps.store.wait_idle(timeout=60)  # every queued update applied and recorded
-    if ps.checkpointer is not None:  # the final state, for export and for a resume that only evaluates
-        ps.checkpointer.wait(60)
-        ps.checkpointer.take(time.monotonic())
+    if not isinstance(ps, ShardZero):
+        _final_checkpoint(ps, lambda take: take())
+    if ps.checkpointer is not None:
         ps.checkpointer.close(120)
     sampler.stop()
     summary = run_summary(cfg, ps.core, ps.rec, time.monotonic(), final=ps.final_eval, link=ps.link,
                           told_stop=ps.told_stop,
                           checkpoints=ps.checkpointer.stats.summary() if ps.checkpointer else None)
     return ps.rec.close({**summary, "resources": resources.summary(run_dir / "resources.csv")})
+
+
+def _final_checkpoint(ps: ParameterServer, run: Callable[[Callable[[], None]], None]) -> None:
+    """The final state, for export and for a resume that only evaluates; ``run`` runs the take where the
+    checkpointer may (a sharded PS's on its loop, which reaches the followers, while they still serve)."""
+    if ps.checkpointer is not None:
+        checkpointer = ps.checkpointer
+        checkpointer.wait(60)
+        run(lambda: checkpointer.take(time.monotonic()))
+        checkpointer.wait(MANIFEST_WAIT_S + 60)
 
 
 def serve(ps: ParameterServer, cfg: RunConfig, run_dir: Path, resume: bool) -> Server:
@@ -119,6 +132,16 @@ def serve(ps: ParameterServer, cfg: RunConfig, run_dir: Path, resume: bool) -> S
     publish(run_dir, address)
     log.info("PS serving at %s (port %d), run directory %s", address, server.port, run_dir)
     return server
+
+
+def shard_manifest(ckpt: Checkpoint, followers: int) -> dict[str, str]:
+    """The followers' part digests in shard 0's checkpoint; ``RunDirError`` if it was made by a PS with
+    another number of shards."""
+    manifest = ckpt.state.get("shards") or {}
+    if sorted(manifest) != [str(k) for k in range(1, followers + 1)]:
+        raise RunDirError(f"{ckpt.path}: made by a PS of {len(manifest) + 1} shards; cluster.ps lists "
+                          f"{followers + 1} (a resume keeps the number of shards)")
+    return dict(manifest)
 
 
 def bind_address(cfg: RunConfig, shard: int) -> str:

@@ -82,9 +82,11 @@ class Server:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return port
 
-    def call_soon(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the server's loop (from another thread)."""
-        self._loop.call_soon_threadsafe(fn)
+    def call(self, fn: Callable[[], T], timeout: float | None = 10.0) -> T:
+        """Run ``fn`` on the server's loop (from another thread) and return its result."""
+        async def run() -> T:
+            return fn()
+        return self._call(run(), timeout)
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop."""

@@ -16,12 +16,13 @@ import grpc
 import numpy as np
 
 from switchps.auth import Caller
+from switchps.errors import RunDirError, ShardLost
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.partition import Partition, of_layout, part_layout
 from switchps.ps_server.events import Action, Push, StepReport
 from switchps.ps_server.service import ParameterServer
 from switchps.ps_server.shards import INIT_STEP, Key, Leader, part_key
-from switchps.refusals import precondition
+from switchps.refusals import Rejected, precondition
 
 
 class ShardZero(ParameterServer):
@@ -32,36 +33,50 @@ class ShardZero(ParameterServer):
     """``runtime.shard_max_mb``: how finely the model is cut (the partition is a function of it)."""
     model_layout: pb.Layout | None = None
     partition: Partition | None = None
-    failed: str | None = None
+    failed: ShardLost | RunDirError | None = None
+    """Why the run stopped before training was over: a follower left (the run can be resumed) or could
+    not resume."""
 
     def sharded(self, leader: Leader, max_bytes: int) -> "ShardZero":
         self.leader, self.max_bytes = leader, max_bytes
         leader.on_lost = self._lost
         return self
 
-    def _lost(self, why: str) -> None:
-        self.failed = why
-        self.finished.set()
+    def _lost(self, why: str, resumable: bool) -> None:
+        self.failed = ShardLost(f"{why}; resume the run (--resume) to go on from its last checkpoint") \
+            if resumable else RunDirError(why)
+        for ended in (self.finished, self.final_evaluated, self.all_told_stop):
+            ended.set()
 
     def _adopt(self, req: pb.RegisterRequest) -> bool:
         """The first registration's layout and its partition become the model's; this shard's own layout
-        is part 0's."""
+        is part 0's (after a resume, the one restored, which the worker's must then split into)."""
         self.leader.check_attached()
         shards = self.leader.followers + 1
         partition = self.partition or of_layout(req.layout, shards, self.max_bytes)
-        first = self.model_layout is None
-        model = self.model_layout = self.model_layout or req.layout
-        if req.layout.digest != model.digest:
+        model = self.model_layout or req.layout
+        if req.layout.digest != model.digest or \
+                (self.layout is not None and part_layout(model, partition, 0).digest != self.layout.digest):
             raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
                                          "(same model config on every worker?)")
         if req.shard_partition != partition.digest:
             raise precondition("partition", f"worker {req.worker}: its partition of the model over {shards} "
                                             "shards differs from the PS's (the same cluster.ps list and "
                                             "runtime.shard_max_mb on every role?)")
-        if first:
-            self.partition, self.layout = partition, part_layout(model, partition, 0)
+        first = self.layout is None
+        if self.model_layout is None:
+            self.model_layout, self.partition, self.layout = model, partition, part_layout(model, partition, 0)
             self.leader.adopt(model)
         return first
+
+    async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """As unsharded, once every follower is attached (a client retries UNAVAILABLE meanwhile)."""
+        try:
+            self.leader.check_attached()
+        except Rejected as r:
+            await self._reject(ctx, "pull", r)
+        async for frame in super().pull(request, ctx):
+            yield frame
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
         worker, layout, values = await super()._receive_init(ctx)

@@ -16,13 +16,15 @@ If a follower's stream ends before training does, shard 0 cannot complete any pu
 (``lost``), and the whole run is started again (see docs/ARCHITECTURE.md, *Sharded PS*).
 
 Concurrency: the ``Follow`` handlers, the push handlers awaiting verdicts and ``forward`` (called from
-the service's ``_execute``) all run on the PS's event loop, so nothing here needs a lock.
+the service's ``_execute``) all run on the PS's event loop, so nothing here needs a lock, but ``Saves``,
+which shard 0's checkpoint writer thread waits on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -61,18 +63,23 @@ class Leader:
     keys: dict[int, Key] = field(default_factory=dict)
     """Push id -> its name, from the push until its release."""
     setup: pb.Layout | None = None
+    resume: tuple[int, dict[str, str]] | None = None
+    """Shard 0 resumed: the version and each follower's part digest (by shard) in its manifest."""
+    ready: set[int] = field(default_factory=set)
+    """Followers attached (and, after a resume, restored): workers are let in once all are."""
     lost: str | None = None
-    """Why the run cannot go on (a follower left), once one has."""
-    on_lost: Callable[[str], None] = lambda why: None
+    """Why the run cannot go on (a follower left, or could not resume), once it cannot."""
+    on_lost: Callable[[str, bool], None] = lambda why, resumable: None
+    saves: Saves = field(default_factory=lambda: Saves())
 
     @property
     def attached(self) -> bool:
-        return len(self.queues) == self.followers
+        return len(self.ready) == self.followers
 
     def check_attached(self) -> None:
-        """``Rejected`` (UNAVAILABLE: a worker retries) until every follower is attached."""
+        """``Rejected`` (UNAVAILABLE: a worker retries) until every follower is attached and restored."""
         if not self.attached:
-            missing = sorted(set(range(1, self.followers + 1)) - set(self.queues))
+            missing = sorted(set(range(1, self.followers + 1)) - self.ready)
             raise Rejected("UNAVAILABLE", "shards", f"waiting for PS shards {missing} to attach")
 
     # ---- the action log ------------------------------------------------------------------------
@@ -168,6 +175,11 @@ class Leader:
             await ctx.abort(getattr(grpc.StatusCode, problem.code), str(problem))
         queue: asyncio.Queue[pb.ShardAction] = asyncio.Queue()
         self.queues[shard] = queue
+        if self.resume is not None:  # ready once restored
+            version, digests = self.resume
+            queue.put_nowait(pb.ShardAction(restore=pb.ShardSaved(version=version, digest=digests[str(shard)])))
+        else:
+            self.ready.add(shard)
         if self.setup is not None:
             queue.put_nowait(pb.ShardAction(setup=self.setup))
         log.info("PS shard %d attached (%d of %d)", shard, len(self.queues), self.followers)
@@ -197,18 +209,71 @@ class Leader:
     async def _read(self, shard: int, request_iterator: AsyncIterator[pb.FollowerMessage]) -> None:
         try:
             async for msg in request_iterator:
-                if msg.WhichOneof("kind") == "verdict":
+                kind = msg.WhichOneof("kind")
+                if kind == "verdict":
                     self._heard(shard, msg.verdict)
+                elif kind == "saved":
+                    self.saves.add(shard, msg.saved)
+                elif kind == "restored":
+                    self._restored(shard, msg.restored)
         except (grpc.RpcError, asyncio.CancelledError):
             pass
         finally:
             self._left(shard)
 
+    def _restored(self, shard: int, r: pb.ShardSaved) -> None:
+        if not r.error:
+            self.ready.add(shard)
+            log.info("PS shard %d resumed at version %d", shard, r.version)
+        elif self.lost is None:
+            self.lost = r.error
+            self.on_lost(r.error, False)
+
     def _left(self, shard: int) -> None:
+        self.ready.discard(shard)
         if self.lost is None and shard in self.queues:
             self.lost = f"PS shard {shard} left the run"
             log.error("%s: no push can complete; stopping (resume the run to go on)", self.lost)
-            self.on_lost(self.lost)
+            self.on_lost(self.lost, True)
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def checkpoint(self, version: int) -> None:
+        """Shard 0 is taking its checkpoint of ``version`` (on the loop, between events): every follower
+        saves its part at the same point of the action order."""
+        self.broadcast(pb.ShardAction(checkpoint=version))
+
+    def manifest(self, version: int, timeout_s: float) -> dict[str, str]:
+        """Every follower's part digest at ``version``, once all are saved (on shard 0's checkpoint
+        writer: its file, which holds them, is the commit point); ``OSError`` if one is not in time."""
+        return self.saves.wait(version, self.followers, timeout_s)
+
+
+class Saves:
+    """The followers' reports of their saved parts, by version: filled on the loop, awaited by shard 0's
+    checkpoint writer thread (one condition, "a report arrived")."""
+
+    def __init__(self) -> None:
+        self._by_version: dict[int, dict[int, pb.ShardSaved]] = {}
+        self._arrived = threading.Condition()
+
+    def add(self, shard: int, saved: pb.ShardSaved) -> None:
+        with self._arrived:
+            self._by_version.setdefault(saved.version, {})[shard] = saved
+            self._arrived.notify_all()
+
+    def wait(self, version: int, followers: int, timeout_s: float) -> dict[str, str]:
+        with self._arrived:
+            done = self._arrived.wait_for(lambda: len(self._by_version.get(version, {})) == followers or any(
+                s.error for s in self._by_version.get(version, {}).values()), timeout_s)
+            got = self._by_version.pop(version, {})
+            for old in [v for v in self._by_version if v < version]:
+                del self._by_version[old]
+        errors = [f"shard {k}: {s.error}" for k, s in sorted(got.items()) if s.error]
+        if not done or errors:
+            raise OSError(f"the followers' parts of version {version} were not saved: "
+                          f"{'; '.join(errors) or f'{len(got)} of {followers} in {timeout_s:g}s'}")
+        return {str(k): s.digest for k, s in sorted(got.items())}
 
 
 def _code(reason: str) -> str:
