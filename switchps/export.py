@@ -8,11 +8,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from switchps.checks import PREFLIGHT
 from switchps.config import load_config
 from switchps.errors import RunDirError
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
+from switchps.ps_server.shard_checkpoint import whole_model
 from switchps.worker.setup import prepare
 from switchps.worker.weights import FlatWeights, save_keras
 
@@ -31,10 +34,20 @@ def export(run_dir: Path, version: int | None = None, out: Path | None = None) -
     cfg = load_config(run_dir / "config.yaml", checks=PREFLIGHT)
     _, model = prepare(cfg)
     weights = FlatWeights(model)
-    saved = pb.Layout.FromString(ckpt.state["layout"].tobytes())
-    if saved.digest != weights.layout().digest:
-        raise RunDirError(f"{ckpt.path}: its variables do not match the model in {run_dir}/config.yaml")
-    weights.assign(ckpt.state["values"])
+    weights.assign(_values(ckpt, run_dir, weights.layout(), cfg.runtime.shard_max_bytes))
     path = save_keras(model, out or run_dir / f"model-v{ckpt.version}.keras")
     log.info("exported version %d of %s to %s", ckpt.version, run_dir, path)
     return path
+
+
+def _values(ckpt: checkpoint.Checkpoint, run_dir: Path, layout: pb.Layout, max_bytes: int) -> np.ndarray:
+    """The checkpoint's whole parameter vector (a sharded PS's: every shard's part, joined)."""
+    if ckpt.state.get("shards"):
+        try:
+            return whole_model(ckpt, run_dir, layout, max_bytes)
+        except ValueError as e:
+            raise RunDirError(str(e)) from None
+    if pb.Layout.FromString(ckpt.state["layout"].tobytes()).digest != layout.digest:
+        raise RunDirError(f"{ckpt.path}: its variables do not match the model in {run_dir}/config.yaml")
+    values: np.ndarray = ckpt.state["values"]
+    return values

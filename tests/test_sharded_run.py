@@ -108,6 +108,11 @@ def test_a_killed_shard_takes_every_shard_back_to_the_last_checkpoint_and_the_ru
                   if json.loads(x)["event"] == "resumed"]
     for s in shard_records(run_dir):  # every shard went back to the version shard 0 resumed from
         assert s["resumed_at"] == resumed["version"] and s["resumed_at"] + s["updates"] == s["final_version"] == 300
+    exported = subprocess.run([SWITCHPS, "export", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    final = keras.models.load_model(run_dir / "model.keras").get_weights()
+    joined = keras.models.load_model(run_dir / "model-v300.keras").get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(final, joined)), "export joins every shard's part"
 
 
 def test_a_resume_with_a_shards_part_missing_refuses_with_one_line(tmp_path):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.partition import of_layout, part_layout
 from switchps.ps_server import checkpoint
 from switchps.ps_server.model import ModelStore
 
@@ -87,3 +88,21 @@ def restore_part(store: ModelStore, directory: Path, version: int, digest: str) 
     store.restore(layout, state["values"], state["optimizer"], version)
     store.sums.load_state_dict(state["sums"])
     return layout
+
+
+def whole_model(ckpt: checkpoint.Checkpoint, run_dir: Path, layout: pb.Layout, max_bytes: int) -> np.ndarray:
+    """The whole parameter vector of a sharded PS's checkpoint: shard 0's part joined with every part its
+    manifest names (each file checked against its digest). ``ValueError`` naming what does not fit."""
+    manifest: dict[str, str] = ckpt.state["shards"]
+    part = of_layout(layout, len(manifest) + 1, max_bytes)
+    saved = pb.Layout.FromString(ckpt.state["layout"].tobytes())
+    if part_layout(layout, part, 0).digest != saved.digest:
+        raise ValueError(f"{ckpt.path}: its part of the model is not part 0 of this model over "
+                         f"{len(manifest) + 1} shards (the same model and runtime.shard_max_mb?)")
+    parts = [ckpt.state["values"]]
+    for shard, digest in sorted(manifest.items(), key=lambda kv: int(kv[0])):
+        path = checkpoint.path_for(part_dir(run_dir, int(shard)), ckpt.version)
+        if not path.exists() or file_digest(path) != digest:
+            raise ValueError(f"{path} is missing or is not the file {ckpt.path.name} names")
+        parts.append(checkpoint.read(path).state["values"])
+    return part.join(parts)
