@@ -41,6 +41,8 @@ class Role:
     index: int = 0
 
     def __str__(self) -> str:
+        if self.kind == "ps" and self.index:
+            return f"ps shard {self.index}"
         return f"{self.kind} {self.index}" if self.kind == "worker" else self.kind
 
 
@@ -60,6 +62,8 @@ class Placement:
     """How often the engine restarted the job (SLURM_RESTART_COUNT); a pod counts as restarted when it
     finds its run directory already there (``restarted`` decides)."""
     gpus: str | None = None
+    shard_hosts: tuple[str, ...] = ()
+    """A sharded PS under SLURM: where each shard runs (shard 0's is ``ps_host``)."""
 
     def describe(self) -> str:
         """One log line: role, where it came from, devices."""
@@ -94,8 +98,9 @@ def _gpus(env: Mapping[str, str]) -> str | None:
     return env.get("SLURM_STEP_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or None
 
 
-def from_slurm(env: Mapping[str, str]) -> Placement:
-    """The placement of the SLURM task this environment belongs to (``SLURM_PROCID`` set)."""
+def from_slurm(env: Mapping[str, str], shards: int = 1) -> Placement:
+    """The placement of the SLURM task this environment belongs to (``SLURM_PROCID`` set); ranks 0 to
+    ``shards - 1`` are the PS's shards."""
     rank, ntasks = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     counts = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
@@ -113,15 +118,15 @@ def from_slurm(env: Mapping[str, str]) -> Placement:
     assert nodelist is not None and counts is not None
     try:
         nodes, per_node = expand(nodelist), tasks_per_node(counts)
-        ps_host = node_of_rank(0, nodes, per_node)
+        shard_hosts = tuple(node_of_rank(k, nodes, per_node) for k in range(shards))
         host = node_of_rank(rank, nodes, per_node)
-        role = roles(ntasks)[rank]
+        role = roles(ntasks, shards)[rank]
     except ValueError as e:
         raise ConfigError(f"SLURM environment: {e}") from None
     if sum(per_node) != ntasks:
         raise ConfigError(f"SLURM_NTASKS: {ntasks}, but the tasks per node ({counts}) add up to {sum(per_node)}")
-    return Placement(role, "slurm", ps_host, rank=rank, ntasks=ntasks, host=host, job_id=env.get("SLURM_JOB_ID"),
-                     restarts=_int(env, "SLURM_RESTART_COUNT", 0), gpus=_gpus(env))
+    return Placement(role, "slurm", shard_hosts[0], rank=rank, ntasks=ntasks, host=host, job_id=env.get("SLURM_JOB_ID"),
+                     restarts=_int(env, "SLURM_RESTART_COUNT", 0), gpus=_gpus(env), shard_hosts=shard_hosts)
 
 
 def pod_index(env: Mapping[str, str], hostname: str) -> int:
@@ -175,10 +180,11 @@ def from_tf_config(raw: str) -> Placement:
     return Placement(Role(kind, index), "tf_config", None)
 
 
-def detect(env: Mapping[str, str], hostname: str) -> Placement:
-    """This task's placement: SLURM, then Kubernetes, then TF_CONFIG (see the module doc)."""
+def detect(env: Mapping[str, str], hostname: str, shards: int = 1) -> Placement:
+    """This task's placement: SLURM, then Kubernetes, then TF_CONFIG (see the module doc); ``shards``:
+    how many PS shards the config lists (SLURM gives them the first ranks)."""
     if env.get("SLURM_PROCID", "") != "":
-        return from_slurm(env)
+        return from_slurm(env, shards)
     if env.get("SWITCHPS_ROLE", "") != "":
         return from_k8s(env, hostname)
     if env.get("TF_CONFIG", "") != "":

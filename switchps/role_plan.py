@@ -10,7 +10,7 @@ that port unless ``cluster.bind`` says otherwise (a node's own name may resolve 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from switchps.cluster_env import Placement, detect, ps_address, resumes, run_dir
@@ -31,18 +31,22 @@ def plan(config: str | None, sets: Sequence[str], given_run_dir: str | None, env
          hostname: str) -> Plan:
     """The role command for the task ``env`` describes (``ConfigError`` if the environment or the
     config does not allow one)."""
-    placement = detect(env, hostname)
     cfg = load_config(config, sets)  # no role checks yet: the role command runs them
+    placement = detect(env, hostname, len(cfg.cluster.shards))
     where = run_dir(placement, given_run_dir, cfg.output.dir, cfg.name)
     overrides = list(sets)
     if placement.ps_host is not None:
-        address = ps_address(placement, cfg.cluster.shards[0])
-        overrides.append(f"cluster.ps={address}")
+        hosts = placement.shard_hosts or (placement.ps_host,)
+        addresses = [ps_address(replace(placement, ps_host=h), a) for h, a in zip(hosts, cfg.cluster.shards)]
+        overrides.append(f"cluster.ps={addresses[0] if len(addresses) == 1 else '[' + ','.join(addresses) + ']'}")
         if placement.role.kind == "ps" and cfg.cluster.bind is None:
-            overrides.append(f"cluster.bind=0.0.0.0:{address.rpartition(':')[2]}")
+            port = addresses[placement.role.index].rpartition(":")[2]
+            overrides.append(f"cluster.bind=0.0.0.0:{port}")
     common = [*([config] if config else []), *(a for o in overrides for a in ("--set", o))]
     kind, resume = placement.role.kind, resumes(placement, where)
-    if kind == "ps":
+    if kind == "ps" and placement.role.index > 0:  # a follower shard: shard 0 names what it resumes from
+        argv = ["ps", *common, "--run-dir", str(where), "--shard", str(placement.role.index)]
+    elif kind == "ps":
         argv = ["ps", *common, *(["--resume", str(where)] if resume else ["--run-dir", str(where)])]
     elif kind == "evaluator":
         argv = ["evaluator", *common, "--run-dir", str(where)]

@@ -192,3 +192,14 @@ def test_plan_resumes_the_ps_after_a_requeue(tmp_path: Path) -> None:
 def test_plan_refuses_port_zero(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cluster.ps"):
         plan(str(CONFIG), ["cluster.ps=127.0.0.1:0"], str(tmp_path), slurm(0, 4, "n1", "4"), "n1")
+
+
+def test_plan_gives_the_first_ranks_to_the_ps_shards_each_on_its_node_and_port(tmp_path: Path) -> None:
+    shards = "cluster.ps=[0.0.0.0:7070,0.0.0.0:7071,0.0.0.0:7072]"
+    argv = {r: plan(str(CONFIG), [shards], str(tmp_path), slurm(r, 6, "n[1-3]", "2(x3)"), "n1").argv
+            for r in range(6)}
+    assert argv[0][0] == "ps" and "--shard" not in argv[0] and "cluster.bind=0.0.0.0:7070" in argv[0]
+    assert argv[1][-2:] == ["--shard", "1"] and "cluster.bind=0.0.0.0:7071" in argv[1]
+    assert argv[2][-2:] == ["--shard", "2"] and "cluster.bind=0.0.0.0:7072" in argv[2]
+    assert argv[3][0] == "evaluator" and argv[5][0] == "worker" and argv[5][-2:] == ["--index", "1"]
+    assert all("cluster.ps=[n1:7070,n1:7071,n2:7072]" in a for a in argv.values()), "shard k on rank k's node"

@@ -72,25 +72,27 @@ def cluster_up() -> str | None:
     return None
 
 
-def job_config(tmp_path: Path) -> Path:
-    """train.yaml on a port free now (the job's PS binds it), runs under tmp_path."""
+def job_config(tmp_path: Path, shards: int = 1) -> Path:
+    """train.yaml on ports free now (the job's PS shards bind them), runs under tmp_path."""
     raw = yaml.safe_load(CONFIG.read_text())
-    raw["cluster"]["ps"] = f"0.0.0.0:{free_port()}"
+    ports = sorted({free_port() for _ in range(4 * shards)})[:shards]
+    raw["cluster"]["ps"] = f"0.0.0.0:{ports[0]}" if shards == 1 else [f"0.0.0.0:{p}" for p in ports]
+    raw["runtime"]["shard_max_mb"] = 0.004
     raw["output"] = {"dir": str(tmp_path / "runs")}
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
 
 
-@pytest.mark.skipif(cluster_up() is not None, reason=str(cluster_up()))
-def test_sbatch_trains_with_each_task_in_its_role(tmp_path: Path) -> None:
-    config, run_dir, log = job_config(tmp_path), tmp_path / "run", tmp_path / "job.out"
+def sbatch_wait(tmp_path: Path, config: Path, run_dir: Path, *options: str) -> tuple[dict, str]:
+    """Submit the example job and wait for it; its summary and its output."""
+    log = tmp_path / "job.out"
     env = {**clean_env(), **(slurm_env() or {}), "CONFIG": str(config), "RUN_DIR": str(run_dir),
            "PATH": f"{BIN}:{os.environ['PATH']}"}
     name = f"switchps-test-{uuid.uuid4().hex[:8]}"
     try:
         out = subprocess.run(["sbatch", "--wait", "--export=ALL", f"--job-name={name}", f"--output={log}",
-                              f"--chdir={tmp_path}", "--time=00:03:00", str(SBATCH)],
+                              f"--chdir={tmp_path}", "--time=00:03:00", *options, str(SBATCH)],
                              capture_output=True, text=True, timeout=170, env=env)
     finally:
         subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30, env=env)
@@ -98,10 +100,31 @@ def test_sbatch_trains_with_each_task_in_its_role(tmp_path: Path) -> None:
     assert out.returncode == 0, f"{out.stdout}{out.stderr}\n{text[-3000:]}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_version"] == summary["updates"] == yaml.safe_load(config.read_text())["train"]["steps"]
-    roles = dict(re.findall(r"^(\d+): .*switchps role: (ps|evaluator|worker \d+) \(slurm rank \1 of 4", text, re.M))
-    assert roles == {"0": "ps", "1": "evaluator", "2": "worker 0", "3": "worker 1"}
+    return summary, text
+
+
+def ranks(text: str, ntasks: int) -> dict[str, str]:
+    """Each rank's role, as the job's output says."""
+    return dict(re.findall(rf"^(\d+): .*switchps role: (ps shard \d+|ps|evaluator|worker \d+) \(slurm rank \1 "
+                           rf"of {ntasks}", text, re.M))
+
+
+@pytest.mark.skipif(cluster_up() is not None, reason=str(cluster_up()))
+def test_sbatch_trains_with_each_task_in_its_role(tmp_path: Path) -> None:
+    config, run_dir = job_config(tmp_path), tmp_path / "run"
+    summary, text = sbatch_wait(tmp_path, config, run_dir)
+    assert ranks(text, 4) == {"0": "ps", "1": "evaluator", "2": "worker 0", "3": "worker 1"}
     assert (run_dir / "secret").stat().st_mode & 0o777 == 0o600
     assert (run_dir / "secret").read_text().strip() not in text
+
+
+@pytest.mark.skipif(cluster_up() is not None, reason=str(cluster_up()))
+def test_sbatch_places_a_sharded_ps_on_the_first_ranks(tmp_path: Path) -> None:
+    config, run_dir = job_config(tmp_path, shards=2), tmp_path / "run"
+    summary, text = sbatch_wait(tmp_path, config, run_dir, "--ntasks=5")
+    assert ranks(text, 5) == {"0": "ps", "1": "ps shard 1", "2": "evaluator", "3": "worker 0", "4": "worker 1"}
+    shard = json.loads((run_dir / "shard-1.json").read_text())
+    assert shard["final_version"] == summary["final_version"] and shard["parts_applied"] == summary["pushes_accepted"]
 
 
 def trained_checkpoint(run_dir: Path) -> bool:
