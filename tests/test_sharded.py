@@ -60,7 +60,7 @@ def config(shards: int, workers: int, protocol: dict) -> Any:
 
 
 def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None = None,
-          max_bytes: int = MAX_BYTES) -> Sharded:
+          max_bytes: int = MAX_BYTES, layout: pb.Layout = LAYOUT) -> Sharded:
     cfg = config(shards, workers, protocol or {})
     cfg.runtime.shard_max_mb = MAX_BYTES / 2**20
     ps = build_ps(cfg, tmp_path, prepare_run_dir(cfg, tmp_path, False))
@@ -77,7 +77,9 @@ def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None =
     while shards > 1 and not ps.leader.attached:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, "the followers attach"
         time.sleep(0.01)
-    clients = [connect(addresses, LAYOUT, max_bytes, 2**20, ClientSecurity()) for _ in range(workers)]
+    clients = [connect(addresses, layout, max_bytes, 2**20, ClientSecurity()) for _ in range(workers)]
+    if layout is not LAYOUT:
+        return Sharded(ps, followers, servers, clients)
     for i, c in enumerate(clients):
         if c.register(i, LAYOUT, 100).send_init:
             c.init(i, LAYOUT, np.linspace(-1, 1, SIZE, dtype=np.float32))
@@ -184,3 +186,11 @@ def test_a_worker_with_another_partition_is_refused_with_one_line(tmp_path, make
     other.close()
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "partition of the model over 3 shards differs" in e.value.details()
+
+
+def test_more_shards_than_pieces_is_refused_with_one_line(tmp_path, make):
+    tiny = make_layout([("w", (2,))])
+    s = make(3, layout=tiny)
+    with pytest.raises(grpc.RpcError) as e:
+        s.clients[0].register(0, tiny, 100)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "fewer pieces than the 3 shards" in e.value.details()

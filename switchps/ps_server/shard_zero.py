@@ -59,6 +59,9 @@ class ShardZero(ParameterServer):
                 (self.layout is not None and part_layout(model, partition, 0).digest != self.layout.digest):
             raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
                                          "(same model config on every worker?)")
+        if not all(partition.sizes()):
+            raise precondition("partition", f"the model has fewer pieces than the {shards} shards (sizes "
+                                            f"{partition.sizes()}): lower runtime.shard_max_mb or list fewer shards")
         if req.shard_partition != partition.digest:
             raise precondition("partition", f"worker {req.worker}: its partition of the model over {shards} "
                                             "shards differs from the PS's (the same cluster.ps list and "

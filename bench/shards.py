@@ -1,0 +1,207 @@
+"""A sharded PS side by side with one PS: push+pull round trips and ASP steps/s over 1, 2, 4 shards.
+
+- ``transport``: one worker's push+pull of a model of ``--sizes-mb`` (one variable, cut into
+  ``shard_max_mb`` row blocks and spread over the shards) through ``ShardedClient`` (``PSClient`` for
+  one shard), every shard a process of its own (shard 0 with the core, the others following it),
+  authenticated. Shard counts alternate in blocks. Besides the medians it reports each role's CPU
+  seconds per round trip (the client, shard 0, every follower), from ``psutil``: on a 2-core machine
+  the client and all shards share the cores, so the time alone cannot show the scaling.
+- ``steps``: ASP steps/s of ``switchps run`` (2 workers, logreg ``--dim``->10, real TF gradients) with
+  each shard count, alternated ``--pairs`` times.
+
+    python bench/shards.py transport [--shards 1 2 4] [--sizes-mb 16 100] [--reps 5] [--blocks 3]
+    python bench/shards.py steps [--shards 1 2 4] [--dim 78400] [--seconds 15] [--pairs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from switchps import auth
+from switchps.address import free_port
+from switchps.channels import ClientSecurity
+from switchps.jsonfile import dumps
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.layout import make_layout
+from switchps.worker.client import wait_for_ps
+from switchps.worker.sharded import connect
+
+SECRET_ENV = "SWITCHPS_BENCH_SECRET"  # the secret reaches the shards by environment, never argv
+SHARD_MAX_MB = 4.0
+
+
+def _config(addresses: list[str], secret_env: str) -> Any:
+    from switchps.config import parse_config
+
+    return parse_config({"cluster": {"workers": 1, "ps": addresses if len(addresses) > 1 else addresses[0]},
+                         "protocol": {"name": "asp"}, "optimizer": {"name": "sgd", "learning_rate": 1e-6},
+                         "train": {"steps": 10**9}, "checkpoint": {"every_s": None},
+                         "runtime": {"shard_max_mb": SHARD_MAX_MB}, "security": {"secret_env": secret_env}})
+
+
+def serve(addresses: list[str], shard: int) -> None:
+    """One shard of the PS at ``addresses`` (serves until killed)."""
+    import threading
+
+    from switchps.channels import server_security
+    from switchps.ps_server.main import build_ps
+    from switchps.ps_server.server import Server
+
+    cfg, run_dir = _config(addresses, SECRET_ENV), Path(tempfile.mkdtemp(prefix="switchps-bench-shards-"))
+    if shard == 0:
+        server = Server(build_ps(cfg, run_dir), addresses[0], server_security(cfg.security))
+        threading.Event().wait()  # serve until killed
+        server.stop()
+    from switchps.ps_server.follower_main import run_follower
+
+    run_follower(cfg, run_dir, shard, addresses[0])
+
+
+def start(shards: int, secret: str) -> tuple[list[str], list[subprocess.Popen]]:
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(shards)]
+    env = {**os.environ, SECRET_ENV: secret}
+    procs = [subprocess.Popen([sys.executable, __file__, "--serve", str(k), "--addresses", ",".join(addresses)],
+                              env=env)
+             for k in range(shards)]
+    return addresses, procs
+
+
+def cpu_s(pids: list[int]) -> list[float]:
+    """User + system CPU seconds of each process so far."""
+    return [sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids]
+
+
+def round_trips(addresses: list[str], nbytes: int, reps: int, secret: str,
+                shard_pids: list[int]) -> tuple[list[float], list[float]]:
+    """Seconds per push+pull of one worker; CPU seconds per timed round trip of this client, then of
+    every shard (warm-up round trips, registration and the first pull not counted)."""
+    size = nbytes // 4
+    layout = make_layout([("w", (size // 1024, 1024))])
+    security = ClientSecurity(auth.token(secret.encode(), "worker", 0))
+    client = connect(addresses, layout, int(SHARD_MAX_MB * 2**20), 2**21, security)
+    deadline = time.monotonic() + 60
+    while True:  # the followers attach after shard 0 serves: it answers UNAVAILABLE until then
+        try:
+            if client.register(0, layout, 1).send_init:
+                client.init(0, layout, np.zeros(size, np.float32))
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    params, grad = np.empty(size, np.float32), np.ones(size, np.float32)
+    version = client.pull(params, worker=0, wait_initialized=True).order.version
+    times, pids = [], [os.getpid(), *shard_pids]
+    for step in range(reps + 2):  # two warm-up round trips
+        if step == 2:
+            cpu0 = cpu_s(pids)
+        header = pb.PushHeader(worker=0, base_version=version, samples=1, layout_digest=layout.digest,
+                               session=7, stats=pb.StepStats(step=step))
+        t0 = time.perf_counter()
+        version = client.push(header, grad, params).order.version
+        times.append(time.perf_counter() - t0)
+    cpu = [(b - a) / reps for a, b in zip(cpu0, cpu_s(pids))]
+    client.close()
+    return times[2:], cpu
+
+
+def transport(args: argparse.Namespace) -> list[dict]:
+    results = []
+    for mb in args.sizes_mb:
+        nbytes = int(mb * 2**20) // 4096 * 4096
+        times: dict[int, list[float]] = {s: [] for s in args.shards}
+        cpu: dict[int, list[list[float]]] = {s: [] for s in args.shards}
+        for _ in range(args.blocks):  # alternate, so drift on a noisy machine hits every count alike
+            for s in args.shards:
+                secret = auth.new_secret()
+                addresses, procs = start(s, secret)
+                try:
+                    for a in addresses[:1]:
+                        wait_for_ps(a, 60, ClientSecurity(auth.token(secret.encode(), "status")))
+                    t, c = round_trips(addresses, nbytes, args.reps, secret, [p.pid for p in procs])
+                finally:
+                    for p in procs:
+                        p.kill()
+                        p.wait()
+                times[s] += t
+                cpu[s].append(c)
+        results.append(_summary(mb, nbytes, times, cpu))
+    return results
+
+
+def _summary(mb: float, nbytes: int, times: dict[int, list[float]], cpu: dict[int, list[list[float]]]) -> dict:
+    med = {s: statistics.median(v) for s, v in times.items()}
+    one = med[min(med)]
+    return {"size_mb": mb, "shards": {
+        str(s): {"median_ms": round(1e3 * m, 2), "gb_s": round(2 * nbytes / m / 1e9, 3),
+                 "time_vs_fewest_shards": round(m / one, 3),
+                 "cpu_s_per_round_trip": dict(zip(["client", "shard0", *(f"shard{k}" for k in range(1, s))],
+                                                  (round(statistics.mean(c), 4) for c in zip(*cpu[s]))))}
+        for s, m in med.items()}}
+
+
+def steps(args: argparse.Namespace) -> dict:
+    """ASP steps/s of `switchps run` with each shard count, alternated."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from steps import data_config, model_name  # noqa: E402 - a sibling benchmark's helpers
+
+    from switchps.config import parse_config
+    from switchps.launcher import launch
+
+    rates: dict[int, list[float]] = {s: [] for s in args.shards}
+    for _ in range(args.pairs):
+        for s in args.shards:
+            cfg = parse_config({
+                "name": "shards-bench", "cluster": {"workers": 2, "ps": ["127.0.0.1:0"] * s if s > 1 else "127.0.0.1:0"},
+                "model": {"name": "logreg"}, "data": data_config(args.dim),
+                "optimizer": {"name": "sgd", "learning_rate": 0.05}, "protocol": {"name": "asp", "batch": 32},
+                "train": {"seconds": args.seconds}, "eval": {"every_s": 5.0},
+                "output": {"dir": tempfile.mkdtemp(prefix="switchps-shards-")},
+                "checkpoint": {"every_s": 30.0}, "runtime": {"shard_max_mb": args.shard_max_mb}})
+            _, summary = launch(cfg, quiet=True)
+            rates[s].append(summary["updates"] / summary["wall_time_s"])
+    return {"benchmark": "asp_steps_by_shards", "model": model_name(args.dim), "workers": 2,
+            "steps_per_s": {str(s): [round(r, 1) for r in v] for s, v in rates.items()},
+            "median_steps_per_s": {str(s): round(statistics.median(v), 1) for s, v in rates.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--addresses", help=argparse.SUPPRESS)
+    sub = ap.add_subparsers(dest="what")
+    t = sub.add_parser("transport", help="push+pull round trips through 1..N shards")
+    t.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
+    t.add_argument("--sizes-mb", type=float, nargs="+", default=[16, 100])
+    t.add_argument("--reps", type=int, default=5, help="timed round trips per block")
+    t.add_argument("--blocks", type=int, default=3, help="alternating blocks of every shard count")
+    s = sub.add_parser("steps", help="ASP steps/s of switchps run with 1..N shards")
+    s.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
+    s.add_argument("--dim", type=int, default=78400, help="input features (78400: 784,010 parameters)")
+    s.add_argument("--seconds", type=float, default=15.0)
+    s.add_argument("--pairs", type=int, default=2)
+    s.add_argument("--shard-max-mb", type=float, default=1.0, help="1: the 3 MB kernel in 4 row blocks")
+    args = ap.parse_args()
+    if args.serve is not None:
+        return serve(args.addresses.split(","), args.serve)
+    if args.what == "transport":
+        return print(dumps({"benchmark": "transport_by_shards", "shard_max_mb": SHARD_MAX_MB,
+                            "round_trips_per_count": args.reps * args.blocks, "results": transport(args)}, indent=2))
+    if args.what == "steps":
+        return print(dumps(steps(args), indent=2))
+    ap.print_help()
+
+
+if __name__ == "__main__":
+    main()
