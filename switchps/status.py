@@ -75,10 +75,20 @@ def _from_run_dir(run_dir: Path) -> list[tuple[str, str]]:
     if evals:
         e = evals[-1]
         rows.append(("last evaluation", f"v{e['version']} at {float(e['time_s']):.1f} s: accuracy {e['test_accuracy']}"))
+    for path in sorted(run_dir.glob("shard-*.json"), key=lambda p: int(p.stem.partition("-")[2])):
+        rows.append(_shard(json.loads(path.read_text())))
     if (run_dir / "summary.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text())
         rows.append(("finished", f"{summary['updates']} updates, final accuracy {summary['final_test_accuracy']}"))
     return rows
+
+
+def _shard(r: dict) -> tuple[str, str]:
+    """A follower shard's line, from its record (``shard-K.json``)."""
+    apply = "—" if r["mean_apply_ms"] is None else f"{r['mean_apply_ms']:.2f} ms"
+    return (f"PS shard {r['shard']}", f"v{r['final_version']}, {r['updates']} updates, {r['bytes_in'] / 1e6:.1f} MB in, "
+                                      f"{r['bytes_out'] / 1e6:.1f} MB out, apply {apply}, {r['parts_waiting']} parts "
+                                      f"waiting, refused {sum(r['rejections'].values())}")
 
 
 def _excluded(run_dir: Path) -> set[int]:

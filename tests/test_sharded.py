@@ -132,7 +132,11 @@ def test_three_shards_apply_what_one_applies_bit_for_bit(make):
     assert three.ps.core.version == one.ps.core.version == 24
     assert [f.store.version for f in three.followers] == [24, 24], "every shard at the same version"
     assert np.array_equal(three.values(), one.values()), "bit-identical parameters"
-    assert [f.summary()["parts_applied"] for f in three.followers] == [24, 24]
+    for f in three.followers:
+        r, nbytes = f.summary(), f.store.values.nbytes
+        assert r["parts_applied"] == 24 and r["bytes_in"] == (1 + 24) * nbytes, "the initial values, 24 pushes"
+        assert r["bytes_out"] == (1 + 2 + 24) * nbytes, "the init's reply, 2 pulls, 24 push replies"
+        assert r["mean_apply_ms"] > 0 and r["parts_waiting"] == r["replies_held"] == 0
 
 
 def test_a_part_refused_by_one_shard_is_refused_by_all_and_changes_no_shard(make):

@@ -49,6 +49,8 @@ def test_three_shards_train_to_the_same_bits_as_one(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(*models)), "bit-identical parameters after 50 rounds"
     shards = shard_records(run_dir)
     assert [s["final_version"] for s in shards] == [50, 50] and [s["parts_applied"] for s in shards] == [100, 100]
+    status = subprocess.run([SWITCHPS, "status", str(run_dir)], capture_output=True, text=True, timeout=60)
+    assert "PS shard 1" in status.stdout and "PS shard 2" in status.stdout and "v50, 50 updates" in status.stdout
     assert sum(s["parameters"] for s in shards) < sum(w.size for w in models[1]), "each shard holds a part"
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from functools import partial
@@ -61,6 +62,10 @@ class Follower:
         """Why this shard could not resume, if it could not."""
         self.resumed_at = 0
         """The version this shard's part was restored at (0: started afresh)."""
+        self.traffic: Counter[str] = Counter()
+        """Bytes of parts received (``in``) and answered (``out``)."""
+        self.apply_s = 0.0
+        """Seconds from each update's submission to its last block applied (written by the applier)."""
         self.guard: Guard | None = None  # set by ``server.Server`` when the run has a secret
         self.rejections: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
@@ -124,8 +129,9 @@ class Follower:
             if kind == "drop":
                 self._drop(key, a.drop.reason)
         elif kind == "apply":
-            u = a.apply
-            snap = self.store.submit(u.aggregate, u.samples, u.contributors, u.lr_factor)
+            u, t0 = a.apply, time.perf_counter()
+            snap = self.store.submit(u.aggregate, u.samples, u.contributors, u.lr_factor,
+                                     on_applied=partial(self._applied_since, t0))
             assert snap.version == u.version, "every shard counts versions alike"
             await self._note_applied()
         elif kind == "release":
@@ -174,6 +180,9 @@ class Follower:
             del self._dropped[next(iter(self._dropped))]
         self._answer(key, Rejected("ABORTED", "dropped", f"refused by another PS shard: {reason}"))
 
+    def _applied_since(self, t0: float, lr: float) -> None:
+        self.apply_s += time.perf_counter() - t0
+
     def _setup(self, layout: pb.Layout) -> None:
         self._layout = part_layout(layout, of_layout(layout, self.shards, self.max_bytes), self.shard)
         assert self._set_up is not None
@@ -216,8 +225,13 @@ class Follower:
         except Rejected as r:
             self._refuse(ctx, "push_part", r)
             return
-        reply = pb.PartReply(version=snapshot.version, nbytes=snapshot.nbytes)
-        async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
+        async for frame in self._reply(snapshot):
+            yield frame
+
+    async def _reply(self, snapshot: Snapshot) -> AsyncIterator[bytes]:
+        self.traffic["out"] += snapshot.nbytes
+        async for frame in aencode(pb.PartReply(version=snapshot.version, nbytes=snapshot.nbytes),
+                                   snapshot.achunks(), snapshot.nbytes):
             yield frame
 
     async def _receive(self, ctx: grpc.aio.ServicerContext) -> tuple[Key, np.ndarray]:
@@ -248,6 +262,7 @@ class Follower:
         if old is not None:
             self.store.recycle(old)
         self._parts[key] = part
+        self.traffic["in"] += part.nbytes
         self._tell(key, None)
         return key, part
 
@@ -282,9 +297,7 @@ class Follower:
         except Rejected as r:
             self._refuse(ctx, "pull_part", r)
             return
-        snapshot = self.store.snapshot()
-        reply = pb.PartReply(version=snapshot.version, nbytes=snapshot.nbytes)
-        async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
+        async for frame in self._reply(self.store.snapshot()):
             yield frame
 
     async def _until_version(self, version: int) -> None:
@@ -314,11 +327,13 @@ class Follower:
     def summary(self) -> dict[str, object]:
         """This shard's record (``shard-K.json``): what this process applied, discarded and refused (after
         a resume, ``resumed_at + updates == final_version``)."""
-        c = self.counts
+        c, t = self.counts, self.traffic
         return {"shard": self.shard, "final_version": self.store.version, "resumed_at": self.resumed_at,
-                "updates": c["apply"],
-                "parts_applied": c["join"], "parts_freed": c["free"], "parts_dropped": c["drop"],
-                "rejections": dict(self.rejections), "parameters": int(self.store.values.size)}
+                "updates": c["apply"], "parts_applied": c["join"], "parts_freed": c["free"],
+                "parts_dropped": c["drop"], "rejections": dict(self.rejections),
+                "parameters": int(self.store.values.size), "bytes_in": t["in"], "bytes_out": t["out"],
+                "mean_apply_ms": round(1e3 * self.apply_s / c["apply"], 3) if c["apply"] else None,
+                "parts_waiting": len(self._parts), "replies_held": sum(map(len, self._held.values()))}
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         raw: dict = dict(request_deserializer=None, response_serializer=None)

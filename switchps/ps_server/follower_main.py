@@ -9,7 +9,7 @@ from switchps.address import publish, published, reachable, split
 from switchps.channels import client_security, server_security
 from switchps.config import RunConfig
 from switchps.errors import RunDirError, ShardLost
-from switchps.jsonfile import dumps
+from switchps.jsonfile import write_json
 from switchps.protos.codec import one_arena
 from switchps.ps_server.follower import Follower
 from switchps.ps_server.main import bind_address
@@ -20,6 +20,8 @@ from switchps.ps_server.shard_checkpoint import part_dir
 from switchps.resources import ResourceSampler
 
 log = logging.getLogger("switchps.ps")
+RECORD_EVERY_S = 1.0
+"""How often a follower rewrites its record (``shard-K.json``), which `switchps status` shows."""
 
 
 def bind(follower: Follower, cfg: RunConfig, run_dir: Path, shard: int) -> Server:
@@ -52,8 +54,9 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     log.info("PS shard %d of %d serving at %s, following shard 0 at %s", shard, len(cfg.cluster.shards),
              address, leader)
     try:
-        while not (follower.finished.is_set() or follower.failed.is_set()):
-            follower.finished.wait(0.5)
+        while not (follower.finished.is_set() or follower.failed.is_set()):  # the record, live
+            follower.finished.wait(RECORD_EVERY_S)
+            write_json(run_dir / f"shard-{shard}.json", follower.summary())
         if follower.refused:
             raise RunDirError(follower.refused)
         if follower.failed.is_set():
@@ -64,5 +67,5 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
         follower.saver.close()
     store.wait_idle(timeout=60)
     summary = follower.summary()
-    (run_dir / f"shard-{shard}.json").write_text(dumps(summary) + "\n")
+    write_json(run_dir / f"shard-{shard}.json", summary)
     log.info("PS shard %d: done: %s", shard, summary)
