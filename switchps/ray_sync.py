@@ -25,6 +25,7 @@ reaches the driver at the next batch after it is written.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -157,12 +158,21 @@ class Mirror:
     root: Path
 
     def seed(self, role: str) -> dict[str, bytes]:
-        """The files a role's new stage starts with: everything the PS's record holds but logs and
-        TensorBoard for the PS, ``config.yaml`` for the others."""
-        if role != "ps":
-            return {"config.yaml": (self.root / "config.yaml").read_bytes()}
+        """The files a role's new stage starts with: for the PS (shard 0), everything the record holds
+        but logs, TensorBoard and the other shards' parts; for follower shard K (``ps-K``), its saved
+        parts and the address it had; ``config.yaml`` for every role."""
+        if role == "ps":
+            return self._files(lambda parts: parts[0] not in PS_SEED_SKIPS and not (
+                parts[0] == "checkpoints" and len(parts) > 2))  # checkpoints/shard-K/: follower K's
+        if role.startswith("ps-"):
+            mine = ("checkpoints", f"shard-{role[3:]}")
+            return self._files(lambda parts: parts[:2] == mine or parts in (("config.yaml",), (f"{role}.address",)))
+        return {"config.yaml": (self.root / "config.yaml").read_bytes()}
+
+    def _files(self, keep: Callable[[tuple[str, ...]], bool]) -> dict[str, bytes]:
+        """The run directory's files (none temporary) whose path parts ``keep`` accepts."""
         return {p.relative_to(self.root).as_posix(): p.read_bytes() for p in sorted(self.root.rglob("*"))
-                if p.is_file() and not temporary(p) and p.relative_to(self.root).parts[0] not in PS_SEED_SKIPS}
+                if p.is_file() and not temporary(p) and keep(p.relative_to(self.root).parts)}
 
     def apply(self, batch: Batch) -> list[str]:
         """Apply ``batch``; returns the paths it refused (outside the run directory), applying the rest."""

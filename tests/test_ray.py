@@ -28,8 +28,9 @@ RUN_TIMEOUT_S = 150
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, Any]]:
-    """A head node labelled ``node_a`` (the PS and the evaluator) and two nodes offering ``workers``."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": {"node_a": 2}})
+    """A head node labelled ``node_a`` (the PS, or two PS shards, and the evaluator) and two nodes offering
+    ``workers``."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": {"node_a": 3}})
     nodes = {"a": c.head_node}
     try:
         for name in ("b", "c"):
@@ -160,3 +161,18 @@ def test_a_killed_ps_actor_is_restarted_by_ray_and_resumes_from_its_checkpoint(t
     assert 0 <= resumed["lost_updates"] <= 2 * 20 + 5, "at most what the checkpoint interval allows"
     (restarted,) = [e for e in ray_events(run_dir) if e["event"] == "ray_restarted"]
     assert restarted["role"] == "ps" and restarted["reconstructed"]
+
+
+def test_a_sharded_ps_places_every_shard_as_a_role_and_collects_each_shards_record(tmp_path, cluster, processes):
+    config = write_config(tmp_path, steps=60, runtime={"shard_max_mb": 0.004},
+                          model={"name": "mlp", "kwargs": {"hidden": [32]}}, checkpoint={"every_updates": 20})
+    raw = yaml.safe_load(config.read_text())
+    raw["cluster"]["ps"] = ["127.0.0.1:0", "127.0.0.1:0"]
+    config.write_text(yaml.safe_dump(raw))
+    run_dir, summary = finished(start_run(processes, tmp_path, cluster, config), tmp_path)
+    assert summary["final_version"] == summary["updates"] == 60
+    placed = {e["role"]: e["node_id"] for e in ray_events(run_dir) if e["event"] == "ray_placed"}
+    assert placed["ps"] == placed["ps-1"] == cluster["nodes"]["a"].node_id, "cluster.ray.ps is every shard's bundle"
+    shard = json.loads((run_dir / "shard-1.json").read_text())  # written on its node, collected by the driver
+    assert shard["final_version"] == 60 and shard["parts_applied"] == summary["pushes_accepted"]
+    assert list((run_dir / "checkpoints" / "shard-1").glob("v*.ckpt")), "its saved parts collected too"

@@ -144,3 +144,15 @@ def test_a_line_being_written_waits_for_the_next_batch_unless_the_role_has_ended
     mirror.apply(stage.changes(final=True))
     assert (mirror.root / "events.jsonl").read_text().endswith('{"event": "b"}\n{"event": "c"}'), \
         "the last line, without its newline, once the role has ended"
+
+
+def test_a_follower_shards_stage_is_seeded_with_its_own_parts_and_shard_zeros_without_them(tmp_path):
+    mirror = driver_dir(tmp_path)
+    for k in (1, 2):
+        (mirror.root / "checkpoints" / f"shard-{k}").mkdir()
+        (mirror.root / "checkpoints" / f"shard-{k}" / "v20.ckpt").write_bytes(f"part {k}".encode())
+        (mirror.root / f"ps-{k}.address").write_text(f"h:{k}\n")
+    assert mirror.seed("ps-2") == {"config.yaml": b"name: x\n", "checkpoints/shard-2/v20.ckpt": b"part 2",
+                                   "ps-2.address": b"h:2\n"}
+    assert not any(path.startswith("checkpoints/shard-") for path in mirror.seed("ps")), "shard 0 needs its own"
+    assert "checkpoints/v20.ckpt" in mirror.seed("ps")

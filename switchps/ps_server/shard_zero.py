@@ -1,11 +1,13 @@
 """Shard 0 of a sharded PS: the ordinary ``ParameterServer`` over part 0 of the model, plus the followers.
 
-It differs from an unsharded PS in four places, each an override: a registration names the partition
-the worker splits its model by (refused, with one line, if it is not this PS's); the model's layout is
-the whole model's, while this shard's store holds part 0 (``partition.part_layout``); a push or the
-initial values reach the core only once every follower has accepted its part (``shards.Leader``); and
-every action the core decides also goes, in order, to the followers. The followers are told to stop
-once every worker has been (``run_ps``), so that they answer every last part.
+It differs from an unsharded PS only in overrides: a registration (and a pull) waits until every
+follower is attached and, after a resume, restored; a registration names the partition the worker
+splits its model by (refused, with one line, if it is not this PS's); the model's layout is the whole
+model's, while this shard's store holds part 0 (``partition.part_layout``); a push or the initial
+values reach the core only once every follower has accepted its part (``shards.Leader``); and every
+action the core decides also goes, in order, to the followers (checkpoints too: the checkpointer's
+``Parts.followers``). The followers are told to stop once every worker has been, and after the final
+checkpoint (``run_ps``), so that they answer every last part and save the last state.
 """
 
 from __future__ import annotations
