@@ -198,3 +198,21 @@ def test_more_shards_than_pieces_is_refused_with_one_line(tmp_path, make):
     with pytest.raises(grpc.RpcError) as e:
         s.clients[0].register(0, tiny, 100)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "fewer pieces than the 3 shards" in e.value.details()
+
+
+def bsp_rounds(s: Sharded, rounds: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(s.clients)) as pool:
+        for step in range(rounds):
+            list(pool.map(lambda w: push(s.clients[w], w, step, grads(w, step), step), range(len(s.clients))))
+
+
+def test_with_four_workers_three_shards_match_one_to_float32_rounding(make):
+    """Each shard sums a round's parts in the order shard 0 joined the pushes, which may differ from
+    another run's arrival order: equal up to the rounding of a reordered float32 sum."""
+    one, three = make(1, workers=4), make(3, workers=4)
+    bsp_rounds(one, 10)
+    bsp_rounds(three, 10)
+    assert three.ps.core.version == one.ps.core.version == 10
+    assert np.allclose(three.values(), one.values(), rtol=1e-5, atol=1e-6)
