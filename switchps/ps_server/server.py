@@ -100,3 +100,8 @@ class Server:
     async def _stop(self, grace: float | None) -> None:
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)
+        # what the served object started on this loop (a follower shard's stream to shard 0) ends with it
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
