@@ -56,7 +56,7 @@ def test_a_part_that_never_arrives_refuses_the_push_naming_the_shard():
         leader._heard(1, verdict())
         with pytest.raises(Rejected) as e:
             await leader.verdict(KEY)
-        assert e.value.reason == "shard2:no_part"
+        assert e.value.reason == "shard2:no_part" and e.value.code == "UNAVAILABLE", "the worker sends it again"
 
     asyncio.run(scenario())
 

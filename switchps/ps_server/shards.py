@@ -9,8 +9,9 @@ every shard applies the same pushes at the same version, and a switch, a budget 
 effect on every shard at the same version boundary: they are decided once, here.
 
 A push reaches the core only once its part 0 is valid here and every follower has accepted its part
-(``verdict``); one refusal (or a part that never arrives within the wait) drops the push on every
-shard, counted once, here, as ``shard K: REASON``. So a push is applied on all shards or on none.
+(``verdict``); one refusal drops the push on every shard, counted once, here, as ``shardK:REASON``, and
+so does a part that never arrives within the wait (UNAVAILABLE: the worker sends the push again, as
+after any outage). So a push is applied on all shards or on none.
 
 If a follower's stream ends before training does, shard 0 cannot complete any push: it stops the run
 (``lost``), and the whole run is started again (see docs/ARCHITECTURE.md, *Sharded PS*).
@@ -143,10 +144,10 @@ class Leader:
         for shard, v in sorted(got.items()):
             if v.reason:
                 raise Rejected(_code(v.reason), f"shard{shard}:{v.reason}", f"PS shard {shard}: {v.message}")
-        for shard in range(1, self.followers + 1):
+        for shard in range(1, self.followers + 1):  # a shard restarting, or out of reach: the worker retries
             if shard not in got:
-                raise invalid(f"shard{shard}:no_part", f"PS shard {shard} got no valid part of this push "
-                                                       f"within {self.wait_s:g}s")
+                raise Rejected("UNAVAILABLE", f"shard{shard}:no_part", f"PS shard {shard} got no part of this "
+                                                                       f"push within {self.wait_s:g}s")
 
     def _decided(self, got: dict[int, pb.Verdict]) -> bool:
         return len(got) == self.followers or any(v.reason for v in got.values())
