@@ -11,6 +11,8 @@
 
     python bench/shards.py transport [--shards 1 2 4] [--sizes-mb 16 100] [--reps 5] [--blocks 3]
     python bench/shards.py steps [--shards 1 2 4] [--dim 78400] [--seconds 15] [--pairs 2]
+
+The same runs are ``python bench/transport.py --shards 1 2 4`` and ``python bench/steps.py --shards 1 2 4``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import psutil
 
@@ -41,16 +44,22 @@ SECRET_ENV = "SWITCHPS_BENCH_SECRET"  # the secret reaches the shards by environ
 SHARD_MAX_MB = 4.0
 
 
-def _config(addresses: list[str], secret_env: str) -> Any:
+def _config(addresses: list[str], secret_env: str, max_mb: float) -> Any:
     from switchps.config import parse_config
 
     return parse_config({"cluster": {"workers": 1, "ps": addresses if len(addresses) > 1 else addresses[0]},
                          "protocol": {"name": "asp"}, "optimizer": {"name": "sgd", "learning_rate": 1e-6},
                          "train": {"steps": 10**9}, "checkpoint": {"every_s": None},
-                         "runtime": {"shard_max_mb": SHARD_MAX_MB}, "security": {"secret_env": secret_env}})
+                         "runtime": {"shard_max_mb": max_mb}, "security": {"secret_env": secret_env}})
 
 
-def serve(addresses: list[str], shard: int) -> None:
+def max_mb(size_mb: float, shards: list[int]) -> float:
+    """``runtime.shard_max_mb`` for a model of ``size_mb``: BytePS's 4 MB, or less, so that the model is
+    cut into at least as many blocks as the most shards compared."""
+    return min(SHARD_MAX_MB, size_mb / max(shards))
+
+
+def serve(addresses: list[str], shard: int, max_mb: float) -> None:
     """One shard of the PS at ``addresses`` (serves until killed)."""
     import threading
 
@@ -58,7 +67,7 @@ def serve(addresses: list[str], shard: int) -> None:
     from switchps.ps_server.main import build_ps
     from switchps.ps_server.server import Server
 
-    cfg, run_dir = _config(addresses, SECRET_ENV), Path(tempfile.mkdtemp(prefix="switchps-bench-shards-"))
+    cfg, run_dir = _config(addresses, SECRET_ENV, max_mb), Path(tempfile.mkdtemp(prefix="switchps-bench-shards-"))
     if shard == 0:
         server = Server(build_ps(cfg, run_dir), addresses[0], server_security(cfg.security))
         threading.Event().wait()  # serve until killed
@@ -68,11 +77,11 @@ def serve(addresses: list[str], shard: int) -> None:
     run_follower(cfg, run_dir, shard, addresses[0])
 
 
-def start(shards: int, secret: str) -> tuple[list[str], list[subprocess.Popen]]:
+def start(shards: int, secret: str, max_mb: float) -> tuple[list[str], list[subprocess.Popen]]:
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(shards)]
     env = {**os.environ, SECRET_ENV: secret}
-    procs = [subprocess.Popen([sys.executable, __file__, "--serve", str(k), "--addresses", ",".join(addresses)],
-                              env=env)
+    procs = [subprocess.Popen([sys.executable, __file__, "--serve", str(k), "--addresses", ",".join(addresses),
+                               "--max-mb", str(max_mb)], env=env)
              for k in range(shards)]
     return addresses, procs
 
@@ -82,22 +91,22 @@ def cpu_s(pids: list[int]) -> list[float]:
     return [sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids]
 
 
-def round_trips(addresses: list[str], nbytes: int, reps: int, secret: str,
+def round_trips(addresses: list[str], nbytes: int, reps: int, secret: str, max_bytes: int,
                 shard_pids: list[int]) -> tuple[list[float], list[float]]:
     """Seconds per push+pull of one worker; CPU seconds per timed round trip of this client, then of
     every shard (warm-up round trips, registration and the first pull not counted)."""
     size = nbytes // 4
     layout = make_layout([("w", (size // 1024, 1024))])
     security = ClientSecurity(auth.token(secret.encode(), "worker", 0))
-    client = connect(addresses, layout, int(SHARD_MAX_MB * 2**20), 2**21, security)
+    client = connect(addresses, layout, max_bytes, 2**21, security)
     deadline = time.monotonic() + 60
     while True:  # the followers attach after shard 0 serves: it answers UNAVAILABLE until then
         try:
             if client.register(0, layout, 1).send_init:
                 client.init(0, layout, np.zeros(size, np.float32))
             break
-        except Exception:
-            if time.monotonic() > deadline:
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
     params, grad = np.empty(size, np.float32), np.ones(size, np.float32)
@@ -116,7 +125,9 @@ def round_trips(addresses: list[str], nbytes: int, reps: int, secret: str,
     return times[2:], cpu
 
 
-def transport(args: argparse.Namespace) -> list[dict]:
+def transport(args: argparse.Namespace) -> dict:
+    """Round trips at each size, every shard count alternating in blocks (``--sizes-mb``, ``--shards``,
+    ``--reps``, ``--blocks``)."""
     results = []
     for mb in args.sizes_mb:
         nbytes = int(mb * 2**20) // 4096 * 4096
@@ -125,11 +136,12 @@ def transport(args: argparse.Namespace) -> list[dict]:
         for _ in range(args.blocks):  # alternate, so drift on a noisy machine hits every count alike
             for s in args.shards:
                 secret = auth.new_secret()
-                addresses, procs = start(s, secret)
+                addresses, procs = start(s, secret, max_mb(mb, args.shards))
                 try:
                     for a in addresses[:1]:
                         wait_for_ps(a, 60, ClientSecurity(auth.token(secret.encode(), "status")))
-                    t, c = round_trips(addresses, nbytes, args.reps, secret, [p.pid for p in procs])
+                    t, c = round_trips(addresses, nbytes, args.reps, secret, int(max_mb(mb, args.shards) * 2**20),
+                                       [p.pid for p in procs])
                 finally:
                     for p in procs:
                         p.kill()
@@ -137,7 +149,8 @@ def transport(args: argparse.Namespace) -> list[dict]:
                 times[s] += t
                 cpu[s].append(c)
         results.append(_summary(mb, nbytes, times, cpu))
-    return results
+    return {"benchmark": "transport_by_shards", "shard_max_mb": {mb: max_mb(mb, args.shards) for mb in args.sizes_mb},
+            "round_trips_per_count": args.reps * args.blocks, "results": results}
 
 
 def _summary(mb: float, nbytes: int, times: dict[int, list[float]], cpu: dict[int, list[list[float]]]) -> dict:
@@ -152,7 +165,8 @@ def _summary(mb: float, nbytes: int, times: dict[int, list[float]], cpu: dict[in
 
 
 def steps(args: argparse.Namespace) -> dict:
-    """ASP steps/s of `switchps run` with each shard count, alternated."""
+    """ASP steps/s of `switchps run` with each shard count, alternated (``--shards``, ``--dim``,
+    ``--seconds``, ``--pairs``, ``--shard-max-mb``)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from steps import data_config, model_name  # noqa: E402 - a sibling benchmark's helpers
 
@@ -172,6 +186,7 @@ def steps(args: argparse.Namespace) -> dict:
             _, summary = launch(cfg, quiet=True)
             rates[s].append(summary["updates"] / summary["wall_time_s"])
     return {"benchmark": "asp_steps_by_shards", "model": model_name(args.dim), "workers": 2,
+            "shard_max_mb": args.shard_max_mb, "seconds": args.seconds,
             "steps_per_s": {str(s): [round(r, 1) for r in v] for s, v in rates.items()},
             "median_steps_per_s": {str(s): round(statistics.median(v), 1) for s, v in rates.items()}}
 
@@ -180,6 +195,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--addresses", help=argparse.SUPPRESS)
+    ap.add_argument("--max-mb", type=float, help=argparse.SUPPRESS)
     sub = ap.add_subparsers(dest="what")
     t = sub.add_parser("transport", help="push+pull round trips through 1..N shards")
     t.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
@@ -194,10 +210,9 @@ def main() -> None:
     s.add_argument("--shard-max-mb", type=float, default=1.0, help="1: the 3 MB kernel in 4 row blocks")
     args = ap.parse_args()
     if args.serve is not None:
-        return serve(args.addresses.split(","), args.serve)
+        return serve(args.addresses.split(","), args.serve, args.max_mb)
     if args.what == "transport":
-        return print(dumps({"benchmark": "transport_by_shards", "shard_max_mb": SHARD_MAX_MB,
-                            "round_trips_per_count": args.reps * args.blocks, "results": transport(args)}, indent=2))
+        return print(dumps(transport(args), indent=2))
     if args.what == "steps":
         return print(dumps(steps(args), indent=2))
     ap.print_help()

@@ -8,6 +8,7 @@ runs alternate, each pair's ratio is switchps / TF (> 1: switchps is faster).
 Prints JSON.
 
     python bench/steps.py [--seconds 20] [--batch 32] [--workers 2] [--dim 784]
+    python bench/steps.py --shards 1 2 4 --dim 78400 [--pairs 2]      # 1, 2 and 4 PS shards side by side
                           [--checkpoint-every-s 5 | --no-checkpoint]
     python bench/steps.py --vs-tf 3      # 3 pairs: switchps as shipped (authenticated, checkpointing) vs TF2 PS
     python bench/steps.py --auth-ab 3    # 3 pairs of runs, authenticated (the default) vs insecure, alternating
@@ -149,7 +150,15 @@ def main() -> None:
     ap.add_argument("--vs-tf", type=int, nargs="?", const=3, metavar="PAIRS",
                     help="alternate PAIRS runs of switchps and of TF2 ParameterServerStrategy (default 3)")
     ap.add_argument("--tf-warmup-s", type=float, default=3.0, help="TF's steps before its measured window")
+    ap.add_argument("--shards", type=int, nargs="+", metavar="S", help="instead: S PS shards each, alternated "
+                                                                       "--pairs times (bench/shards.py)")
+    ap.add_argument("--pairs", type=int, default=2, help="with --shards: rounds of every shard count")
+    ap.add_argument("--shard-max-mb", type=float, default=1.0, help="with --shards: runtime.shard_max_mb")
     args = ap.parse_args()
+    if args.shards:
+        from shards import steps as by_shards  # the sibling benchmark (bench/ is on sys.path)
+
+        return print(dumps(by_shards(args), indent=2))
     if args.vs_tf is not None and args.vs_tf < 1:
         ap.error("--vs-tf needs at least 1 pair")
     if args.vs_tf:

@@ -150,6 +150,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed round trips per block")
     ap.add_argument("--blocks", type=int, default=3, help="alternating blocks of raw / switchps runs")
     ap.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / 2**20)
+    ap.add_argument("--shards", type=int, nargs="+", metavar="S",
+                    help="instead: round trips through S PS shards each, side by side (bench/shards.py)")
     ap.add_argument("--serve", choices=["raw", "raw-tuned", "ps"], help=argparse.SUPPRESS)
     ap.add_argument("--client-raw", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tuned", action="store_true", help=argparse.SUPPRESS)
@@ -164,6 +166,10 @@ def main() -> None:
         return serve_raw(args.port, chunk, tuned=args.serve == "raw-tuned")
     if args.serve == "ps":
         return serve_ps(args.port, args.tls_dir)
+    if args.shards:
+        from shards import transport as by_shards  # the sibling benchmark (bench/ is on sys.path)
+
+        return print(dumps(by_shards(args), indent=2))
     results = [bench_size(mb, chunk, args) for mb in args.sizes_mb]
     print(dumps({"benchmark": "transport", "chunk_mb": args.chunk_mb, "round_trips_per_variant":
                       args.reps * args.blocks, "results": results}, indent=2))

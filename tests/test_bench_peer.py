@@ -25,7 +25,8 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 @pytest.mark.parametrize("script,flag", [("steps.py", "--vs-tf"), ("tf_ps.py", "--warmup-s"),
-                                         ("profile_step.py", "--py-spy")])
+                                         ("profile_step.py", "--py-spy"), ("shards.py", "transport"),
+                                         ("steps.py", "--shards"), ("transport.py", "--shards")])
 def test_help(script: str, flag: str) -> None:
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
                          timeout=60)
@@ -115,3 +116,15 @@ def test_profile_reads_py_spy_raw(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
                    (102, "switchps-grpc"): [(["c (z.py:3)"], 1)]}
     assert p.shares(got[101, "MainThread"] + [(["GradientComputer.compute (switchps/worker/gradients.py:9)"], 1)],
                     p.WORKER_RULES) == {p.OTHER: 0.75, "compute: TF gradient and its copy out": 0.25}
+
+
+def test_the_shards_transport_benchmark_runs_every_count_and_prints_strict_json() -> None:
+    """A tiny real run: 1 and 2 shards, each a process, one timed round trip of 1 MB each."""
+    import json
+
+    out = subprocess.run([sys.executable, str(BENCH / "transport.py"), "--shards", "1", "2", "--sizes-mb", "1",
+                          "--reps", "1", "--blocks", "1"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (result,) = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))["results"]
+    assert set(result["shards"]) == {"1", "2"}
+    assert set(result["shards"]["2"]["cpu_s_per_round_trip"]) == {"client", "shard0", "shard1"}
