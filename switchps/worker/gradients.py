@@ -6,6 +6,12 @@ when the accumulators and the model's non-trainable state are flattened into
 one float32 vector (the push payload: Σ gradient, then state). Every function
 has an input signature with a free batch dimension, so ``warm_up`` traces each
 exactly once, before the worker reports ready, and no step ever pays for it.
+
+The values a push's reply brings are ``stage``d, not assigned at once: the next
+step's single-call gradient loads them in the same TF call (a call of its own
+cost as much wall time as the small model's gradient), so a step's
+``compute_s`` includes loading them. Anything else that reads or runs the model
+loads staged values first.
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ class GradientComputer:
         self._accumulate = tf.function(self._accumulate_fn, input_signature=batch)
         self._whole = tf.function(self._whole_fn, input_signature=batch)
         self._drain = tf.function(self._drain_fn)
+        self._load_whole = tf.function(self._load_whole_fn, input_signature=[*batch, self.weights.spec])
         self._forward = tf.function(self._forward_fn, input_signature=batch)
+        self._staged: np.ndarray | None = None
         self.traces = 0
 
     def _accumulate_fn(self, x: tf.Tensor, y: tf.Tensor) -> None:
@@ -65,6 +73,10 @@ class GradientComputer:
         grads = tape.gradient(loss, self.variables)
         return tf.concat([tf.reshape(g, [-1]) for g in grads] + [self.weights.state_tensor()], 0), loss
 
+    def _load_whole_fn(self, x: tf.Tensor, y: tf.Tensor, flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        self.weights.load(flat)  # automatic control dependencies: assigned before the forward pass reads
+        return self._whole_fn(x, y)
+
     def _forward_fn(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         self.traces += 1
         return self._losses(y, self.model(x, training=True))
@@ -74,6 +86,7 @@ class GradientComputer:
         step (the first runs at a new size set up kernels too); leaves weights and state as they were."""
         initial = self.weights.read()
         for _ in range(2):
+            self._load_whole(x[:batch], y[:batch], initial)
             self._whole(x[:batch], y[:batch])
             self._accumulate(x[:micro_batch], y[:micro_batch])
             self._drain()
@@ -81,6 +94,7 @@ class GradientComputer:
 
     def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
         """Add one micro-batch's Σ gradient and summed loss to the accumulators (no host copy)."""
+        self._load_staged()
         self._accumulate(x, y)
 
     def finish(self) -> tuple[np.ndarray, float]:
@@ -90,17 +104,35 @@ class GradientComputer:
 
     def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
         """The push payload and summed loss over all of ``x``, one micro-batch at a time."""
-        if len(x) <= micro_batch:  # one micro-batch: no accumulators, one call
-            flat, loss = self._whole(x, y)
+        if len(x) <= micro_batch:  # one micro-batch: no accumulators, one call (loading staged values too)
+            staged, self._staged = self._staged, None
+            flat, loss = self._whole(x, y) if staged is None else self._load_whole(x, y, staged)
             return flat.numpy(), float(loss)
+        self._load_staged()
         for i in range(0, len(x), micro_batch):
             self._accumulate(x[i : i + micro_batch], y[i : i + micro_batch])
         return self.finish()
 
     def losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Each sample's loss, as a step's forward pass computes it (their sum is a step's summed loss)."""
+        self._load_staged()
         return self._forward(x, y).numpy()
 
     def assign(self, flat: np.ndarray) -> None:
-        """Load a pulled vector (parameters, then state) into the model."""
+        """Load a pulled vector (parameters, then state) into the model now (dropping any staged one)."""
+        self._staged = None
         self.weights.assign(flat)
+
+    def stage(self, flat: np.ndarray) -> None:
+        """Load ``flat`` at the start of the next step, in its first TF call; the caller must not change
+        ``flat`` until then (the worker's reply buffer is written again only by the next push's reply)."""
+        self._staged = flat
+
+    def read(self) -> np.ndarray:
+        """The model's values (trainable, then state), staged ones loaded first."""
+        self._load_staged()
+        return self.weights.read()
+
+    def _load_staged(self) -> None:
+        if self._staged is not None:
+            self.assign(self._staged)

@@ -35,6 +35,8 @@ class FlatWeights:
         self.sizes = [math.prod(s) for s in self.shapes]
         self.trainable_size = sum(self.sizes[: len(self.trainable)])
         self.size = sum(self.sizes)
+        self.spec = tf.TensorSpec([self.size], tf.float32)
+        self._assign = tf.function(self.load, input_signature=[self.spec])  # traced once, on first use
 
     def layout(self) -> pb.Layout:
         """The wire layout: (name, shape) per variable, trainable then state."""
@@ -45,14 +47,15 @@ class FlatWeights:
     def read(self) -> np.ndarray:
         return np.concatenate([np.ravel(v.numpy()) for v in self.variables]).astype(np.float32, copy=False)
 
-    @tf.function
-    def _assign(self, flat: tf.Tensor) -> None:
+    def load(self, flat: tf.Tensor) -> None:
+        """Assign a flat vector to the variables; for use inside a ``tf.function`` (one call, not one per
+        variable)."""
         for v, part, shape in zip(self.variables, tf.split(flat, self.sizes), self.shapes):
             v.assign(tf.reshape(part, shape))
 
     def assign(self, flat: np.ndarray) -> None:
         """Load a flat vector (trainable then state) into the model's variables."""
-        self._assign(tf.convert_to_tensor(flat))
+        self._assign(flat)
 
     def state_tensor(self) -> tf.Tensor:
         """The non-trainable state as one flat tensor (inside a ``tf.function``: read in program order)."""
