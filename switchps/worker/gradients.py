@@ -4,8 +4,10 @@ Each micro-batch's gradient is added into accumulator variables inside a
 ``tf.function``; nothing crosses to the host until the whole step is done,
 when the accumulators and the model's non-trainable state are flattened into
 one float32 vector (the push payload: Σ gradient, then state). Every function
-has an input signature with a free batch dimension, so ``warm_up`` traces each
-exactly once, before the worker reports ready, and no step ever pays for it.
+has an input signature with a free batch dimension and is traced exactly once,
+before the worker reports ready, so no step ever pays for it. A step's functions
+are called as their one concrete function, which skips ``tf.function``'s
+per-call dispatch (a third of the small model's gradient call).
 
 The values a push's reply brings are ``stage``d, not assigned at once: the next
 step's single-call gradient loads them in the same TF call (a call of its own
@@ -15,6 +17,8 @@ loads staged values first.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -40,13 +44,13 @@ class GradientComputer:
         self._losses = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
         shape = tuple(input_shape or model.input_shape[1:])
         batch = [tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int32)]
-        self._accumulate = tf.function(self._accumulate_fn, input_signature=batch)
-        self._whole = tf.function(self._whole_fn, input_signature=batch)
-        self._drain = tf.function(self._drain_fn)
-        self._load_whole = tf.function(self._load_whole_fn, input_signature=[*batch, self.weights.spec])
-        self._forward = tf.function(self._forward_fn, input_signature=batch)
-        self._staged: np.ndarray | None = None
         self.traces = 0
+        self._accumulate = _concrete(self._accumulate_fn, batch)
+        self._whole = _concrete(self._whole_fn, batch)
+        self._drain = _concrete(self._drain_fn, [])
+        self._load_whole = _concrete(self._load_whole_fn, [*batch, self.weights.spec])
+        self._forward = tf.function(self._forward_fn, input_signature=batch)  # not on a worker's path: lazy
+        self._staged: np.ndarray | None = None
 
     def _accumulate_fn(self, x: tf.Tensor, y: tf.Tensor) -> None:
         self.traces += 1  # Python side effect: runs only while tracing
@@ -82,20 +86,20 @@ class GradientComputer:
         return self._losses(y, self.model(x, training=True))
 
     def warm_up(self, x: np.ndarray, y: np.ndarray, batch: int, micro_batch: int) -> None:
-        """Trace every function and run it twice at the step's sizes, now rather than in the first timed
-        step (the first runs at a new size set up kernels too); leaves weights and state as they were."""
+        """Run every step function twice at the step's sizes, now rather than in the first timed step (the
+        first runs at a new size set up kernels); leaves weights and state as they were."""
         initial = self.weights.read()
         for _ in range(2):
-            self._load_whole(x[:batch], y[:batch], initial)
-            self._whole(x[:batch], y[:batch])
-            self._accumulate(x[:micro_batch], y[:micro_batch])
+            _call(self._load_whole, x[:batch], y[:batch], initial)
+            _call(self._whole, x[:batch], y[:batch])
+            _call(self._accumulate, x[:micro_batch], y[:micro_batch])
             self._drain()
         self.weights.assign(initial)
 
     def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
         """Add one micro-batch's Σ gradient and summed loss to the accumulators (no host copy)."""
         self._load_staged()
-        self._accumulate(x, y)
+        _call(self._accumulate, x, y)
 
     def finish(self) -> tuple[np.ndarray, float]:
         """The push payload (accumulated Σ gradient, then the model's state) and the summed loss; resets."""
@@ -106,11 +110,11 @@ class GradientComputer:
         """The push payload and summed loss over all of ``x``, one micro-batch at a time."""
         if len(x) <= micro_batch:  # one micro-batch: no accumulators, one call (loading staged values too)
             staged, self._staged = self._staged, None
-            flat, loss = self._whole(x, y) if staged is None else self._load_whole(x, y, staged)
+            flat, loss = _call(self._whole, x, y) if staged is None else _call(self._load_whole, x, y, staged)
             return flat.numpy(), float(loss)
         self._load_staged()
         for i in range(0, len(x), micro_batch):
-            self._accumulate(x[i : i + micro_batch], y[i : i + micro_batch])
+            _call(self._accumulate, x[i : i + micro_batch], y[i : i + micro_batch])
         return self.finish()
 
     def losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -136,3 +140,13 @@ class GradientComputer:
     def _load_staged(self) -> None:
         if self._staged is not None:
             self.assign(self._staged)
+
+
+def _concrete(fn: Callable[..., Any], signature: list[tf.TensorSpec]) -> Callable[..., Any]:
+    """``fn`` traced now, once, for ``signature``: its concrete function."""
+    return tf.function(fn, input_signature=signature).get_concrete_function()
+
+
+def _call(fn: Callable[..., Any], *arrays: np.ndarray | tf.Tensor) -> Any:
+    """A concrete function called on ``arrays`` as tensors (it checks them against its signature)."""
+    return fn(*(tf.convert_to_tensor(a) for a in arrays))

@@ -36,7 +36,7 @@ class FlatWeights:
         self.trainable_size = sum(self.sizes[: len(self.trainable)])
         self.size = sum(self.sizes)
         self.spec = tf.TensorSpec([self.size], tf.float32)
-        self._assign = tf.function(self.load, input_signature=[self.spec])  # traced once, on first use
+        self._assign = tf.function(self.load, input_signature=[self.spec]).get_concrete_function()  # traced once
 
     def layout(self) -> pb.Layout:
         """The wire layout: (name, shape) per variable, trainable then state."""
@@ -55,7 +55,7 @@ class FlatWeights:
 
     def assign(self, flat: np.ndarray) -> None:
         """Load a flat vector (trainable then state) into the model's variables."""
-        self._assign(flat)
+        self._assign(tf.convert_to_tensor(flat))
 
     def state_tensor(self) -> tf.Tensor:
         """The non-trainable state as one flat tensor (inside a ``tf.function``: read in program order)."""
