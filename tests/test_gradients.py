@@ -91,9 +91,35 @@ def test_warm_up_traces_every_function_once_and_leaves_the_model_as_it_was():
     gc.warm_up(x, y, batch=16, micro_batch=4)
     np.testing.assert_array_equal(gc.weights.read(), before)
     traced = gc.traces
-    assert traced == 3, "whole-batch, micro-batch and drain functions"
+    assert traced == 4, "whole-batch (with and without staged values), micro-batch and drain functions"
     for batch, micro in ((16, 16), (16, 4), (7, 3), (1, 1), (40, 16)):  # every size a step can have
         gc.compute(x[:batch], y[:batch], micro)
     gc.accumulate(x[:5], y[:5])
     gc.finish()
+    for batch, micro in ((16, 16), (16, 4)):
+        gc.stage(before)
+        gc.compute(x[:batch], y[:batch], micro)
     assert gc.traces == traced, "no step may pay for tracing"
+
+
+def test_staged_values_are_loaded_before_the_next_gradient_and_every_read():
+    gc, x, y = _bn_computer()
+    start = gc.weights.read()
+    values = start + np.float32(0.01) * np.arange(gc.size, dtype=np.float32) / gc.size
+    expected = {}
+    for micro in (64, 16):  # one call; micro-batches (each moves BatchNorm's statistics: the payload's tail)
+        gc.assign(values)
+        expected[micro] = gc.compute(x, y, micro)[0]
+    for micro in (64, 16):
+        gc.assign(start)
+        gc.stage(values)
+        np.testing.assert_array_equal(gc.weights.read(), start)  # staged, not yet loaded
+        np.testing.assert_allclose(gc.compute(x, y, micro)[0], expected[micro], rtol=1e-6, atol=1e-7)
+    gc.assign(start)
+    gc.stage(values)
+    np.testing.assert_array_equal(gc.read(), values)
+    gc.stage(start)
+    gc.assign(values)
+    gc.compute(x, y, 64)
+    assert not np.array_equal(gc.read()[:gc.weights.trainable_size], start[:gc.weights.trainable_size]), \
+        "an assign drops what was staged before it"

@@ -1,4 +1,5 @@
-"""The model store: one applier thread, snapshots published chunk by chunk while the apply runs."""
+"""The model store: one writer at a time (the applier, or the submitting thread for a small model), snapshots
+published chunk by chunk while the apply runs."""
 
 from __future__ import annotations
 
@@ -69,3 +70,29 @@ def test_update_is_recorded_before_its_last_chunk_is_published():
     holder["snap"] = store.submit(0, 1, on_applied=on_applied)
     list(holder["snap"].chunks())
     assert seen_complete_at_record == [19]  # 20 chunks in all: the last waits for the record
+
+
+def test_a_small_models_items_run_on_the_submitting_thread_and_a_large_ones_on_the_applier():
+    ran_on: list[str] = []
+    for size in (1000, 20000):  # 4 KB: inline; 80 KB: above INLINE_BYTES
+        store = _store(size)
+        store.join(0, np.ones(size, np.float32))
+        snap = store.submit(0, 1, on_applied=lambda lr: ran_on.append(threading.current_thread().name))
+        assert store.wait_idle(5)
+        np.testing.assert_array_equal(np.frombuffer(b"".join(snap.chunks()), np.float32), np.full(size, -1.0))
+    assert ran_on == [threading.current_thread().name, "switchps-applier"]
+
+
+def test_a_small_models_item_never_overtakes_one_queued_before_it():
+    store = _store(1000)
+    order: list[str] = []
+    release = threading.Event()
+    store.inline_bytes = 0  # this one goes to the applier, and holds it
+    store.control(lambda _: (release.wait(5), order.append("control")))
+    store.inline_bytes = 2**16
+    store.join(0, np.ones(1000, np.float32))
+    snap = store.submit(0, 1, on_applied=lambda lr: order.append("update"))
+    assert order == [], "queued behind the held item, not run on this thread"
+    release.set()
+    assert store.wait_idle(5) and order == ["control", "update"]
+    np.testing.assert_array_equal(np.frombuffer(b"".join(snap.chunks()), np.float32), np.full(1000, -1.0))

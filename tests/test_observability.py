@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tensorboardX.proto.event_pb2 import Event
 
 from switchps.ps_server.tensorboard import PROTOCOL_INDEX
@@ -61,6 +62,31 @@ def test_a_run_writes_tensorboard_scalars_per_update_step_and_evaluation(cluster
     assert any(tag.startswith("workers/step_s/") for tag in s)
     texts = [v.tag for e in events for v in e.summary.value if not v.HasField("simple_value")]
     assert sum(t.startswith("protocol") for t in texts) == 2, "a text entry when training starts and at the switch"
+
+
+def test_tensorflow_reads_the_event_files_and_their_checksums(tmp_path):
+    """TensorFlow's own reader checks every record's CRC: the light writer frames records as TensorBoard does."""
+    import tensorflow as tf
+
+    from switchps.ps_server.tensorboard import TensorBoard
+
+    tb = TensorBoard(tmp_path)
+    tb.updates([{"version": "7", "train_loss": "2.5", "lr": "0.05", "staleness_mean": "", "samples": "32",
+                 "protocol": "asp", "time_s": "0.1"}])
+    tb.evaluations([("0.2", 7, "0.5", "0.75")])
+    tb.close()
+    [path] = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    assert sum(1 for _ in tf.data.TFRecordDataset(str(path))) == 4, "version header, update, its text, evaluation"
+    events = [Event.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(path))]
+    assert events[0].file_version == "brain.Event:2"
+    update = {v.tag: v.simple_value for v in events[1].summary.value}
+    assert events[1].step == 7 and update == {"train/loss": 2.5, "train/learning_rate": np.float32(0.05),
+                                              "train/samples": 32.0, "train/protocol_index": PROTOCOL_INDEX["asp"]}
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 1  # one bit of the last record's payload
+    path.write_bytes(bytes(data))
+    with pytest.raises(tf.errors.DataLossError):
+        sum(1 for _ in tf.data.TFRecordDataset(str(path)))
 
 
 def test_the_ps_writes_tensorboard_without_importing_tensorflow():

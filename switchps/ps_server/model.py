@@ -11,10 +11,17 @@ so replies start streaming before the apply has finished. Every reader of a
 version shares its one ``Snapshot``, and no lock is held while parameters
 stream out.
 
-Concurrency: one applier thread is the only writer of ``values`` and the
-optimizer. ``ModelStore.lock`` guards ``version`` and the latest snapshot;
-each ``Snapshot`` has one condition, "chunk published", and ``_idle`` is the
-condition "no update queued". No two of these locks are ever held together.
+Concurrency: the store's work (joins, updates, optimizer changes) runs in the
+order it was submitted, one item at a time, under ``_writing``: that item is
+the only writer of ``values``, the sums and the optimizer. An item runs on the
+applier thread, or, for a model of at most ``inline_bytes`` (64 KiB) and with
+nothing queued before it, at once on the submitting thread (the event loop):
+there the thread hand-off and the loop's wake-up cost more than ten times the
+update itself (``bench/profile_step.py``, 7,850 parameters). ``ModelStore.lock``
+guards ``version`` and the latest snapshot; each ``Snapshot`` has one
+condition, "chunk published", and ``_idle`` is the condition "no item
+pending". Lock order: ``_writing`` before a snapshot's condition or
+``lock``; ``_idle`` is never held with another.
 """
 
 from __future__ import annotations
@@ -196,7 +203,7 @@ class Sums:
     buffers back for reuse; ``take`` hands an aggregate's sum to the update that consumes it. Memory is
     one buffer per open aggregate plus the pushes not yet joined.
 
-    Concurrency: not thread-safe. ``ModelStore`` calls it only from its applier thread, in queue order;
+    Concurrency: not thread-safe. ``ModelStore`` calls it only from the item it is running, in submission order;
     the test harness and a simulator call it directly.
     """
 
@@ -246,16 +253,18 @@ class _Update:
 
 
 class ModelStore:
-    """Holds the values and optimizer state; the applier thread is the only writer.
+    """Holds the values and optimizer state; the one item running (see the module docstring) is the only writer.
 
     ``values`` is the whole vector (trainable parameters, then non-trainable
     state); the optimizer sees only its first ``trainable`` elements.
     """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 receive_slots: int = 8) -> None:
+                 receive_slots: int = 8, inline_bytes: int = INLINE_BYTES) -> None:
+        """``inline_bytes``: models up to this size run their items on the submitting thread (see the module
+        docstring); 0: always on the applier."""
         self._make_optimizer = make_optimizer
-        self.chunk_bytes, self.receive_slots = chunk_bytes, receive_slots
+        self.chunk_bytes, self.receive_slots, self.inline_bytes = chunk_bytes, receive_slots, inline_bytes
         self.lock = threading.Lock()
         self.layout = pb.Layout()
         self.values = np.empty(0, np.float32)
@@ -269,6 +278,7 @@ class ModelStore:
         self._queue: queue.SimpleQueue[_Update | Callable[[], None]] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
+        self._writing = threading.Lock()  # held by the one item running, on whichever thread
         threading.Thread(target=self._apply_loop, name="switchps-applier", daemon=True).start()
 
     @property
@@ -306,7 +316,7 @@ class ModelStore:
 
         The sum holds the summed gradient over ``samples`` followed by the sum of ``contributors``
         workers' state; the update applies their means and consumes the sum (its buffer returns to the
-        pool). ``on_applied(lr)`` runs on the applier thread before the snapshot's last chunk is
+        pool). ``on_applied(lr)`` runs where the update runs, before the snapshot's last chunk is
         published, so a reader that has the whole snapshot also sees the update recorded.
         """
         with self.lock:
@@ -333,9 +343,14 @@ class ModelStore:
         self._enqueue(lambda: change(self.optimizer))
 
     def _enqueue(self, item: "_Update | Callable[[], None]") -> None:
+        """Run ``item`` now if the model is small and nothing is pending (so order is kept), else queue it."""
         with self._idle:
+            inline = self._pending == 0 and self.nbytes <= self.inline_bytes
             self._pending += 1
-        self._queue.put(item)
+        if inline:
+            self._run(item)
+        else:
+            self._queue.put(item)
 
     def snapshot(self) -> Snapshot:
         """The newest version's snapshot (possibly still being published)."""
@@ -349,20 +364,24 @@ class ModelStore:
 
     def _apply_loop(self) -> None:
         while True:
-            u = self._queue.get()
-            try:
+            self._run(self._queue.get())
+
+    def _run(self, u: "_Update | Callable[[], None]") -> None:
+        """Run one item as the only writer, then count it done; a failed update fails its snapshot."""
+        try:
+            with self._writing:
                 if isinstance(u, _Update):
                     self._apply(u)
                 else:
                     u()
-            except BaseException as e:  # surfaced to every reader of that version
-                log.exception("applier: %s failed", u)
-                if isinstance(u, _Update):
-                    u.snapshot.fail(e)
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
+        except BaseException as e:  # surfaced to every reader of that version
+            log.exception("applier: %s failed", u)
+            if isinstance(u, _Update):
+                u.snapshot.fail(e)
+        finally:
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
 
     def _apply(self, u: _Update) -> None:
         values, snap, grad = self.values, u.snapshot, self.sums.take(u.aggregate_id)

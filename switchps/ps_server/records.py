@@ -236,6 +236,7 @@ class RunRecorder:
             self.tensorboard.updates([dict(zip(PS_COLUMNS, r)) for r in self.ps.write(ps)])
             self.tensorboard.steps(self.workers.write(workers), WORKER_COLUMNS)
             self.tensorboard.evaluations(self.eval.write(evals))
+            self.tensorboard.flush()
             if events:
                 with (self.run_dir / "events.jsonl").open("a") as f:
                     f.write("\n".join(events) + "\n")

@@ -12,8 +12,9 @@ Between events, a due checkpoint is taken (``checkpointer``).
 Concurrency: every handler, the core and the link emulation run on one asyncio event loop
 (``server.Server`` gives it a thread of its own), so none of them needs a lock, and a stream that sends
 nothing holds no thread: it cannot starve the health service or other RPCs, and is cut after
-``receive_timeout_s``. Other threads (the store's applier, the only writer of the parameters; the
-recorder's flusher; the checkpoint writer) are reached only through their own locks and queues.
+``receive_timeout_s``. Other threads (the store's applier, the only writer of the parameters, which a
+small model's updates skip: ``model.py``; the recorder's flusher; the checkpoint writer) are reached
+only through their own locks and queues.
 Other threads learn of progress through ``started``/``finished``/``final_evaluated``/``all_told_stop``.
 
 Hostile input: a push is read to the end of its stream and validated before it reaches the core, and

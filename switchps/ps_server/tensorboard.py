@@ -1,4 +1,4 @@
-"""TensorBoard event files of a run, written by the recorder's flusher with tensorboardX (no TensorFlow).
+"""TensorBoard event files of a run, written by the recorder's flusher without TensorFlow.
 
 ``RUN_DIR/tensorboard/`` gets, per update (step = model version): training loss, learning rate,
 staleness, samples in the update and the protocol in force (its index in ``PROTOCOLS``, and a text
@@ -6,56 +6,106 @@ entry at each change); per flush: samples/s; per worker step of workers 0 to 63 
 step): its step time (a larger run's others are in workers.csv: ten thousand tags help nobody, and
 cost a simulation a tenth of its time); per evaluation: test accuracy and loss. `tensorboard --logdir
 runs/` shows every run.
+
+The events are written in the flusher's own thread, straight to the file (``EventFile``): one event per
+update holds all of that update's scalars. tensorboardX's ``SummaryWriter`` sent every scalar as an
+event of its own through a multiprocessing queue to two more threads, which cost the PS a quarter of
+its CPU per push on the small model (``bench/profile_step.py``). Only its protobuf messages and its
+text summary are used here.
 """
 
 from __future__ import annotations
 
+import socket
+import struct
+import time
 from collections import defaultdict
 from pathlib import Path
 
-from tensorboardX import SummaryWriter
+from tensorboardX.crc32c import crc32c
+from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.summary import text
 
 from switchps.names import PROTOCOLS
 
 PROTOCOL_INDEX = {name: i for i, name in enumerate(PROTOCOLS)}
 WORKER_TAGS = 64
 """Workers below this index get a step-time tag."""
+UPDATE_SCALARS = (("train/loss", "train_loss"), ("train/learning_rate", "lr"),
+                  ("train/staleness_mean", "staleness_mean"), ("train/samples", "samples"))
+"""(tag, ps.csv column) of the scalars every update gets, besides its protocol's index."""
+
+
+def _masked_crc(data: bytes) -> bytes:
+    """TFRecord's masked CRC-32C of ``data``, as 4 little-endian bytes."""
+    x = crc32c(data) & 0xFFFFFFFF
+    return struct.pack("<I", (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+class EventFile:
+    """An event file in TFRecord framing (length, its CRC, the ``Event``, its CRC), as TensorBoard reads it.
+
+    Not thread-safe: the recorder's flusher is its only user. ``flush`` hands the bytes to the OS; it does
+    not fsync (a crash may lose the last flush's scalars, which ``ps.csv`` also holds)."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self._file = (directory / name).open("wb")
+        self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def write(self, event: Event) -> None:
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        self._file.write(b"".join((header, _masked_crc(header), data, _masked_crc(data))))
+
+    def summary(self, values: list[Summary.Value], step: int, wall_time: float) -> None:
+        self.write(Event(wall_time=wall_time, step=step, summary=Summary(value=values)))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class TensorBoard:
     """Turns the recorder's rows into scalars; called only by the recorder's flusher, under its lock."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"), flush_secs=2)
+        self.file = EventFile(run_dir / "tensorboard")
         self.protocol: str | None = None
         self.last: tuple[float, float] | None = None  # (time_s, samples) at the previous flush
         self.samples = 0.0
 
     def updates(self, rows: list[dict[str, str]]) -> None:
-        w = self.writer
+        """One event per update with its scalars (and a text entry when the protocol changes)."""
+        now = time.time()
         for r in rows:
             v = int(r["version"])
-            for tag, key in (("train/loss", "train_loss"), ("train/learning_rate", "lr"),
-                             ("train/staleness_mean", "staleness_mean"), ("train/samples", "samples")):
-                if r[key] != "":
-                    w.add_scalar(tag, float(r[key]), v)
-            w.add_scalar("train/protocol_index", PROTOCOL_INDEX.get(r["protocol"], -1), v)
+            values = [Summary.Value(tag=tag, simple_value=float(r[key])) for tag, key in UPDATE_SCALARS
+                      if r[key] != ""]
+            values.append(Summary.Value(tag="train/protocol_index",
+                                        simple_value=PROTOCOL_INDEX.get(r["protocol"], -1)))
+            self.file.summary(values, v, now)
             if r["protocol"] != self.protocol:
                 self.protocol = r["protocol"]
-                w.add_text("protocol", f"{r['protocol']} from version {v}", v)
+                self.file.write(Event(wall_time=now, step=v,
+                                      summary=text("protocol", f"{r['protocol']} from version {v}")))
             self.samples += float(r["samples"])
         if rows:
-            now = float(rows[-1]["time_s"])
-            if self.last is not None and now > self.last[0]:
-                w.add_scalar("train/samples_per_s", (self.samples - self.last[1]) / (now - self.last[0]),
-                             int(rows[-1]["version"]))
-            self.last = (now, self.samples)
+            t = float(rows[-1]["time_s"])
+            if self.last is not None and t > self.last[0]:
+                rate = (self.samples - self.last[1]) / (t - self.last[0])
+                self.file.summary([Summary.Value(tag="train/samples_per_s", simple_value=rate)],
+                                  int(rows[-1]["version"]), now)
+            self.last = (t, self.samples)
 
     def steps(self, rows: list[tuple], columns: tuple[str, ...]) -> None:
         """Each worker step's time, from ``rows`` of ``columns`` (workers.csv's): one event per step number
-        holding every worker's scalar for it, so a BSP round's N steps are one event, not N (an event costs
-        a queue put, which dominated a 1,024-worker simulation)."""
+        holding every worker's scalar for it, so a BSP round's N steps are one event, not N (events
+        dominated a 1,024-worker simulation's cost)."""
         worker, step, compute, sleep = (columns.index(c) for c in ("worker", "step", "compute_s", "sleep_s"))
         by_step: dict[int, list[Summary.Value]] = defaultdict(list)
         for r in rows:
@@ -63,15 +113,20 @@ class TensorBoard:
                 continue
             by_step[int(r[step])].append(Summary.Value(tag=f"workers/step_s/{r[worker]}",
                                                        simple_value=float(r[compute]) + float(r[sleep])))
+        now = time.time()
         for n, values in by_step.items():
-            self.writer.file_writer.add_summary(Summary(value=values), n)
+            self.file.summary(values, n, now)
 
     def evaluations(self, rows: list[tuple]) -> None:
+        now = time.time()
         for _, version, loss, acc in rows:
-            if acc != "":
-                self.writer.add_scalar("eval/test_accuracy", float(acc), int(version))
-            if loss != "":
-                self.writer.add_scalar("eval/test_loss", float(loss), int(version))
+            values = [Summary.Value(tag=tag, simple_value=float(x))
+                      for tag, x in (("eval/test_accuracy", acc), ("eval/test_loss", loss)) if x != ""]
+            if values:
+                self.file.summary(values, int(version), now)
+
+    def flush(self) -> None:
+        self.file.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        self.file.close()

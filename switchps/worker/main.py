@@ -44,7 +44,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
 
     def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
         if client.register(index, layout, share_size(n, index, workers), wait).send_init:  # the PS has no model yet
-            client.init(index, layout, gc.weights.read())
+            client.init(index, layout, gc.read())
 
     retry = Reconnect(client.address, cfg.cluster.reconnect_s, rejoin=lambda: join(wait=False))
     retry(join)  # a sharded PS answers UNAVAILABLE until its shards have attached
@@ -75,7 +75,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         received_at = clock.now()
         send_s, wait_s = received_at - t1, reply.reply.wait_s
         if reply.fresh:
-            gc.assign(params)
+            gc.stage(params)  # loaded inside the next step's gradient call, counted in its compute_s
         order = reply.order
         step += 1
     client.close()

@@ -35,6 +35,8 @@ class FlatWeights:
         self.sizes = [math.prod(s) for s in self.shapes]
         self.trainable_size = sum(self.sizes[: len(self.trainable)])
         self.size = sum(self.sizes)
+        self.spec = tf.TensorSpec([self.size], tf.float32)
+        self._assign = tf.function(self.load, input_signature=[self.spec]).get_concrete_function()  # traced once
 
     def layout(self) -> pb.Layout:
         """The wire layout: (name, shape) per variable, trainable then state."""
@@ -45,8 +47,9 @@ class FlatWeights:
     def read(self) -> np.ndarray:
         return np.concatenate([np.ravel(v.numpy()) for v in self.variables]).astype(np.float32, copy=False)
 
-    @tf.function
-    def _assign(self, flat: tf.Tensor) -> None:
+    def load(self, flat: tf.Tensor) -> None:
+        """Assign a flat vector to the variables; for use inside a ``tf.function`` (one call, not one per
+        variable)."""
         for v, part, shape in zip(self.variables, tf.split(flat, self.sizes), self.shapes):
             v.assign(tf.reshape(part, shape))
 
