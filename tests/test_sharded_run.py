@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from test_launch import SWITCHPS, check_run_dir, rows, run
+from test_observability import read_events, scalars
 
 pytestmark = pytest.mark.integration
 THREE = ["127.0.0.1:0"] * 3
@@ -51,6 +52,8 @@ def test_three_shards_train_to_the_same_bits_as_one(tmp_path):
     assert [s["final_version"] for s in shards] == [50, 50] and [s["parts_applied"] for s in shards] == [100, 100]
     status = subprocess.run([SWITCHPS, "status", str(run_dir)], capture_output=True, text=True, timeout=60)
     assert "PS shard 1" in status.stdout and "PS shard 2" in status.stdout and "v50, 50 updates" in status.stdout
+    shard1 = scalars(read_events(run_dir / "tensorboard" / "shard-1"))
+    assert shard1["shard/bytes_in_mb"][-1] == (50, pytest.approx(shards[0]["bytes_in"] / 1e6)), "its last record"
     assert sum(s["parameters"] for s in shards) < sum(w.size for w in models[1]), "each shard holds a part"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from switchps.address import publish, published, reachable, split
@@ -17,6 +18,7 @@ from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.server import Server
 from switchps.ps_server.shard_checkpoint import part_dir
+from switchps.ps_server.tensorboard import EventFile, shard_scalars
 from switchps.resources import ResourceSampler
 
 log = logging.getLogger("switchps.ps")
@@ -37,6 +39,15 @@ def bind(follower: Follower, cfg: RunConfig, run_dir: Path, shard: int) -> Serve
     return Server(follower, f"{host}:{port}", server_security(cfg.security))
 
 
+def record(run_dir: Path, follower: Follower, tensorboard: EventFile) -> dict[str, object]:
+    """Write the follower's record (``shard-K.json``) and its scalars; the record."""
+    summary = follower.summary()
+    write_json(run_dir / f"shard-{follower.shard}.json", summary)
+    tensorboard.summary(shard_scalars(summary), follower.store.version, time.time())
+    tensorboard.flush()
+    return summary
+
+
 def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None:
     """Serve part ``shard`` of the model, following shard 0 at ``leader``; ``ShardLost`` if shard 0 goes
     away before training is over."""
@@ -49,6 +60,7 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
                         cfg.checkpoint.keep)
     sampler = ResourceSampler(f"ps-{shard}", run_dir / "resources.csv")
     server = bind(follower, cfg, run_dir, shard)
+    tensorboard = EventFile(run_dir / "tensorboard" / f"shard-{shard}")
     address = reachable(cfg.cluster.shards[shard], server.port)
     publish(run_dir, address, shard)
     log.info("PS shard %d of %d serving at %s, following shard 0 at %s", shard, len(cfg.cluster.shards),
@@ -56,7 +68,7 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     try:
         while not (follower.finished.is_set() or follower.failed.is_set()):  # the record, live
             follower.finished.wait(RECORD_EVERY_S)
-            write_json(run_dir / f"shard-{shard}.json", follower.summary())
+            record(run_dir, follower, tensorboard)
         if follower.refused:
             raise RunDirError(follower.refused)
         if follower.failed.is_set():
@@ -66,6 +78,6 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
         sampler.stop()
         follower.saver.close()
     store.wait_idle(timeout=60)
-    summary = follower.summary()
-    write_json(run_dir / f"shard-{shard}.json", summary)
+    summary = record(run_dir, follower, tensorboard)
+    tensorboard.close()
     log.info("PS shard %d: done: %s", shard, summary)

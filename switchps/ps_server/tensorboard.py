@@ -4,8 +4,8 @@
 staleness, samples in the update and the protocol in force (its index in ``PROTOCOLS``, and a text
 entry at each change); per flush: samples/s; per worker step of workers 0 to 63 (step = the worker's
 step): its step time (a larger run's others are in workers.csv: ten thousand tags help nobody, and
-cost a simulation a tenth of its time); per evaluation: test accuracy and loss. `tensorboard --logdir
-runs/` shows every run.
+cost a simulation a tenth of its time); per evaluation: test accuracy and loss. A sharded PS's follower
+K writes ``tensorboard/shard-K/`` (``shard_scalars``). `tensorboard --logdir runs/` shows every run.
 
 The events are written in the flusher's own thread, straight to the file (``EventFile``): one event per
 update holds all of that update's scalars. tensorboardX's ``SummaryWriter`` sent every scalar as an
@@ -68,6 +68,19 @@ class EventFile:
 
     def close(self) -> None:
         self._file.close()
+
+
+SHARD_SCALARS = (("shard/bytes_in_mb", "bytes_in", 1e-6), ("shard/bytes_out_mb", "bytes_out", 1e-6),
+                 ("shard/mean_apply_ms", "mean_apply_ms", 1.0), ("shard/parts_waiting", "parts_waiting", 1.0),
+                 ("shard/replies_held", "replies_held", 1.0))
+"""(tag, field of a follower's record, scale) of a follower shard's scalars."""
+
+
+def shard_scalars(record: dict) -> list[Summary.Value]:
+    """A follower shard's figures (its ``shard-K.json`` record), as scalars for its own event file
+    (``tensorboard/shard-K/``: TensorBoard shows every shard side by side)."""
+    return [Summary.Value(tag=tag, simple_value=float(record[key]) * scale) for tag, key, scale in SHARD_SCALARS
+            if record[key] is not None]
 
 
 class TensorBoard:
