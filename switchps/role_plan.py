@@ -35,7 +35,8 @@ def plan(config: str | None, sets: Sequence[str], given_run_dir: str | None, env
     placement = detect(env, hostname, len(cfg.cluster.shards))
     where = run_dir(placement, given_run_dir, cfg.output.dir, cfg.name)
     overrides = list(sets)
-    if placement.ps_host is not None:
+    # SLURM derives every shard's host; a pod only shard 0's, so several shards keep the config's names
+    if placement.ps_host is not None and (placement.shard_hosts or len(cfg.cluster.shards) == 1):
         hosts = placement.shard_hosts or (placement.ps_host,)
         addresses = [ps_address(replace(placement, ps_host=h), a) for h, a in zip(hosts, cfg.cluster.shards)]
         overrides.append(f"cluster.ps={addresses[0] if len(addresses) == 1 else '[' + ','.join(addresses) + ']'}")

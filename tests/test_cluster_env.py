@@ -203,3 +203,12 @@ def test_plan_gives_the_first_ranks_to_the_ps_shards_each_on_its_node_and_port(t
     assert argv[2][-2:] == ["--shard", "2"] and "cluster.bind=0.0.0.0:7072" in argv[2]
     assert argv[3][0] == "evaluator" and argv[5][0] == "worker" and argv[5][-2:] == ["--index", "1"]
     assert all("cluster.ps=[n1:7070,n1:7071,n2:7072]" in a for a in argv.values()), "shard k on rank k's node"
+
+
+
+def test_a_pod_of_a_sharded_ps_keeps_the_shard_addresses_the_config_names(tmp_path: Path) -> None:
+    shards = "cluster.ps=[switchps-ps-0.switchps:7070,switchps-ps-1.switchps:7070]"
+    env = {"SWITCHPS_ROLE": "ps", "JOB_COMPLETION_INDEX": "1", "SWITCHPS_PS_HOST": "switchps-ps-0.switchps"}
+    p = plan(str(CONFIG), [shards], str(tmp_path), env, "switchps-ps-1")
+    assert p.argv[-2:] == ["--shard", "1"]
+    assert [a for a in p.argv if a.startswith("cluster.ps=")] == [shards], "the config's, not one derived"
