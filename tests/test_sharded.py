@@ -3,6 +3,7 @@ by NumPy workers through the real sharded client (``switchps.worker.sharded``)."
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,10 +13,13 @@ import grpc
 import numpy as np
 import pytest
 
-from switchps.channels import ClientSecurity
+from switchps import auth
+from switchps.certs import write_dir
+from switchps.channels import ClientSecurity, ServerSecurity
 from switchps.config import parse_config
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import make_layout
+from switchps.security_config import TLSSpec
 from switchps.ps_server.follower import Follower
 from switchps.ps_server.main import build_ps, prepare_run_dir
 from switchps.ps_server.model import ModelStore
@@ -28,6 +32,7 @@ from switchps.worker.sharded import ShardedClient, connect
 LAYOUT = make_layout([("kernel", (40, 8)), ("bias", (8,)), ("extra", (30,))], [("moving", (6,))])
 SIZE = 40 * 8 + 8 + 30 + 6
 MAX_BYTES = 400  # the 1,280-byte kernel becomes 4 row blocks
+SECRET = b"0123456789abcdef" * 4
 
 
 @dataclass
@@ -60,24 +65,29 @@ def config(shards: int, workers: int, protocol: dict) -> Any:
 
 
 def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None = None,
-          max_bytes: int = MAX_BYTES, layout: pb.Layout = LAYOUT) -> Sharded:
+          max_bytes: int = MAX_BYTES, layout: pb.Layout = LAYOUT, tls: TLSSpec | None = None) -> Sharded:
+    """With ``tls``: mutual TLS on every shard and a token on every call (followers as role ``shard``)."""
     cfg = config(shards, workers, protocol or {})
     cfg.runtime.shard_max_mb = MAX_BYTES / 2**20
     ps = build_ps(cfg, tmp_path, prepare_run_dir(cfg, tmp_path, False))
-    servers = [Server(ps, "127.0.0.1:0")]
-    addresses = [f"127.0.0.1:{servers[0].port}"]
+    security = ServerSecurity(SECRET, tls) if tls else ServerSecurity()
+    client = (lambda role, i: ClientSecurity(auth.token(SECRET, role, i), tls)) if tls else \
+        (lambda role, i: ClientSecurity())
+    host = "localhost" if tls else "127.0.0.1"
+    servers = [Server(ps, "127.0.0.1:0", security)]
+    addresses = [f"{host}:{servers[0].port}"]
     followers = []
     for k in range(1, shards):
         store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, receive_slots=workers + 1)
-        followers.append(Follower(k, shards, addresses[0], ClientSecurity(), store, MAX_BYTES, 5.0,
+        followers.append(Follower(k, shards, addresses[0], client("shard", k), store, MAX_BYTES, 5.0,
                                   tmp_path / "checkpoints" / f"shard-{k}"))
-        servers.append(Server(followers[-1], "127.0.0.1:0"))
-        addresses.append(f"127.0.0.1:{servers[-1].port}")
+        servers.append(Server(followers[-1], "127.0.0.1:0", security))
+        addresses.append(f"{host}:{servers[-1].port}")
     deadline = time.monotonic() + 10
     while shards > 1 and not ps.leader.attached:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, "the followers attach"
         time.sleep(0.01)
-    clients = [connect(addresses, layout, max_bytes, 2**20, ClientSecurity()) for _ in range(workers)]
+    clients = [connect(addresses, layout, max_bytes, 2**20, client("worker", i)) for i in range(workers)]
     if layout is not LAYOUT:
         return Sharded(ps, followers, servers, clients)
     for i, c in enumerate(clients):
@@ -129,6 +139,11 @@ def test_three_shards_apply_what_one_applies_bit_for_bit(make):
     asp_rounds(three, 12)
     parts = three.clients[0].partition.parts
     assert all(any(p.name == "kernel" for p in part) for part in parts), "the kernel's 4 blocks spread"
+    three.ps.rec.flush()
+    events = [json.loads(x) for x in (three.ps.rec.run_dir / "events.jsonl").read_text().splitlines()]
+    (recorded,) = [e for e in events if e["event"] == "model_partitioned"]
+    assert recorded["digest"] == three.clients[0].partition.digest and sum(recorded["sizes"]) == SIZE
+    assert recorded["pieces"] == three.clients[0].partition.describe(), "the run record names every piece"
     assert three.ps.core.version == one.ps.core.version == 24
     assert [f.store.version for f in three.followers] == [24, 24], "every shard at the same version"
     assert np.array_equal(three.values(), one.values()), "bit-identical parameters"
@@ -216,3 +231,20 @@ def test_with_four_workers_three_shards_match_one_to_float32_rounding(make):
     bsp_rounds(three, 10)
     assert three.ps.core.version == one.ps.core.version == 10
     assert np.allclose(three.values(), one.values(), rtol=1e-5, atol=1e-6)
+
+
+def test_every_shard_speaks_mutual_tls_and_checks_tokens(tmp_path, make):
+    files = write_dir(tmp_path / "certs", [])
+    tls = TLSSpec(cert=str(files["server_cert"]), key=str(files["server_key"]), ca=str(files["ca"]),
+                  client_cert=str(files["client_cert"]), client_key=str(files["client_key"]), require_client_cert=True)
+    s = make(3, protocol={"name": "asp"}, tls=tls)
+    asp_rounds(s, 3)
+    assert s.ps.core.version == 6 and [f.store.version for f in s.followers] == [6, 6]
+    intruder = ShardedClient([c.address for c in s.clients[0].clients], LAYOUT, MAX_BYTES, 2**20,
+                             ClientSecurity(auth.token(SECRET, "worker", 1), tls))  # worker 1's token
+    with pytest.raises(grpc.RpcError) as e:
+        push(intruder, 0, 9, grads(0, 9), 6)  # ... acting as worker 0
+    intruder.close()
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert s.followers[0].rejections["push_part:identity"] == 1, "a follower checks who may push too"
+    assert np.isfinite(s.values()).all() and s.ps.core.version == 6

@@ -72,6 +72,8 @@ class ShardZero(ParameterServer):
         if self.model_layout is None:
             self.model_layout, self.partition, self.layout = model, partition, part_layout(model, partition, 0)
             self.leader.adopt(model)
+            self.rec.event("model_partitioned", digest=partition.digest, sizes=partition.sizes(),
+                           pieces=partition.describe())
         return first
 
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
