@@ -12,7 +12,8 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -238,6 +239,26 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--run-dir", help="where to write the run record (default: output.dir/<name>-<time>)")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.set_defaults(func=cmd_simulate)
+    _role_parsers(with_config)
+    _record_parsers(sub)
+    t = with_config("tune-switch", "search the smallest BSP fraction (BSP, then ASP) that keeps BSP's accuracy")
+    t.add_argument("--tolerance", type=float, default=0.005, help="accuracy loss allowed (0.005 = 0.5 points)")
+    t.add_argument("--repeats", type=int, default=1, help="runs per fraction (their mean accuracy counts)")
+    t.add_argument("--min-fraction", type=float, default=1 / 64, help="stop halving below this")
+    t.add_argument("--quiet", action="store_true")
+    t.set_defaults(func=cmd_tune_switch)
+    ct = sub.add_parser("certs", help="make a development CA and TLS certificates for the PS and its clients")
+    ct.add_argument("dir", help="an empty or new directory for ca.pem, server.pem, client.pem and their keys")
+    ct.add_argument("--hosts", default="", help="comma-separated names/IPs clients reach the PS at "
+                                                "(localhost and 127.0.0.1 are always included)")
+    ct.add_argument("--days", type=int, default=365, help="validity of every certificate")
+    ct.set_defaults(func=cmd_certs)
+    _study_parser(sub.add_parser("study", help="run a study: arms x seeds, mean ± 95 %% CI per arm"))
+    return p
+
+
+def _role_parsers(with_config: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """The commands that run one role of a run (`ps`, `worker`, `evaluator`, and `role`, which picks one)."""
     s = with_config("ps", "run the parameter server role")
     s.add_argument("--run-dir", help="where to write the run record (default: output.dir/<name>-<time>)")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
@@ -256,10 +277,15 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--ps", type=ps_arg, metavar="HOST:PORT[,...]", help=PS_HELP)
     e.set_defaults(func=cmd_evaluator)
     ro = with_config("role", "run the role this task of a SLURM job, Kubernetes pod or TF_CONFIG task has: "
-                              "rank 0 the PS, rank 1 the evaluator, the rest workers (see configs/slurm)")
+                              "the first ranks the PS's shards (one, unless cluster.ps lists several), then the "
+                              "evaluator, the rest workers (see configs/slurm)")
     ro.add_argument("--run-dir", help="the run directory all tasks share (default under SLURM: "
                                       "output.dir/<name>-slurm<job id>)")
     ro.set_defaults(func=cmd_role)
+
+
+def _record_parsers(sub: Any) -> None:
+    """The commands that read a run directory (`export`, `status`, `plot`, `compare`)."""
     x = sub.add_parser("export", help="write a Keras model from a run's checkpoint")
     x.add_argument("run_dir")
     x.add_argument("--checkpoint", default="latest", help="latest, or the version of a kept checkpoint")
@@ -278,20 +304,6 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--target", type=float, default=0.9)
     c.add_argument("--out", default="compare.png")
     c.set_defaults(func=cmd_compare)
-    t = with_config("tune-switch", "search the smallest BSP fraction (BSP, then ASP) that keeps BSP's accuracy")
-    t.add_argument("--tolerance", type=float, default=0.005, help="accuracy loss allowed (0.005 = 0.5 points)")
-    t.add_argument("--repeats", type=int, default=1, help="runs per fraction (their mean accuracy counts)")
-    t.add_argument("--min-fraction", type=float, default=1 / 64, help="stop halving below this")
-    t.add_argument("--quiet", action="store_true")
-    t.set_defaults(func=cmd_tune_switch)
-    ct = sub.add_parser("certs", help="make a development CA and TLS certificates for the PS and its clients")
-    ct.add_argument("dir", help="an empty or new directory for ca.pem, server.pem, client.pem and their keys")
-    ct.add_argument("--hosts", default="", help="comma-separated names/IPs clients reach the PS at "
-                                                "(localhost and 127.0.0.1 are always included)")
-    ct.add_argument("--days", type=int, default=365, help="validity of every certificate")
-    ct.set_defaults(func=cmd_certs)
-    _study_parser(sub.add_parser("study", help="run a study: arms x seeds, mean ± 95 %% CI per arm"))
-    return p
 
 
 def _study_parser(st: argparse.ArgumentParser) -> None:
