@@ -136,6 +136,7 @@ def test_a_resume_with_a_shards_part_missing_refuses_with_one_line(tmp_path):
 
 def test_a_shard_index_outside_the_config_is_one_config_error_line(tmp_path):
     out = subprocess.run([SWITCHPS, "ps", str(config(tmp_path, THREE)), "--shard", "3", "--run-dir",
-                          str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+                          str(tmp_path / "run"), "--set", "security.insecure=true"], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 2 and not (tmp_path / "run").exists()
     assert out.stderr.splitlines() == ["switchps: config error: ps: --shard 3 outside [0, 3) (cluster.ps lists 3 shards)"]
