@@ -240,15 +240,13 @@ class Follower:
         key = key_of(h.key)
         try:
             await self._until_set_up()
-            layout = self._part_layout()
-            if h.layout_digest != layout.digest:
+            init, size = key[2] == INIT_STEP, layout_size(self._part_layout())
+            if init and h.layout_digest != self._part_layout().digest:
                 raise precondition("layout", "the part's layout is not this shard's part of the model")
-            init = key[2] == INIT_STEP
-            if not init and not self.store.initialized:
-                raise precondition("not_initialized", "the model is not initialized")
-            size = layout_size(layout) if init else self.store.values.size
-            if h.nbytes != size * 4:
+            if init and h.nbytes != size * 4:
                 raise invalid("size", f"the part declares {h.nbytes} bytes, this shard holds {size * 4}")
+            if not init:  # a push's part: checked as shard 0 checks a push
+                self.store.check(h.layout_digest, h.nbytes)
             async with self.store.buffers.receiving(self.receive_timeout_s, size if init else None) as part:
                 if not await fill(PayloadWriter(part, check_finite=True), first, ctx, self.receive_timeout_s):
                     raise invalid("non_finite", "the part has NaN or inf values")

@@ -6,17 +6,16 @@ import logging
 import time
 from pathlib import Path
 
-from switchps.address import publish, published, reachable, split
-from switchps.channels import client_security, server_security
+from switchps.address import publish, reachable
+from switchps.channels import client_security
 from switchps.config import RunConfig
 from switchps.errors import RunDirError, ShardLost
 from switchps.jsonfile import write_json
 from switchps.protos.codec import one_arena
 from switchps.ps_server.follower import Follower
-from switchps.ps_server.main import bind_address
+from switchps.ps_server.main import bind_server
 from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
-from switchps.ps_server.server import Server
 from switchps.ps_server.shard_checkpoint import part_dir
 from switchps.ps_server.tensorboard import EventFile, shard_scalars
 from switchps.resources import ResourceSampler
@@ -24,19 +23,6 @@ from switchps.resources import ResourceSampler
 log = logging.getLogger("switchps.ps")
 RECORD_EVERY_S = 1.0
 """How often a follower rewrites its record (``shard-K.json``), which `switchps status` shows."""
-
-
-def bind(follower: Follower, cfg: RunConfig, run_dir: Path, shard: int) -> Server:
-    """Serve, on the port this shard had before if it published one (workers riding out a restart of
-    the PS's shards come back to the addresses they know), else as configured."""
-    host, port = split(bind_address(cfg, shard))
-    previous = published(run_dir, shard) if port == 0 else None
-    if previous is not None:
-        try:
-            return Server(follower, f"{host}:{split(previous)[1]}", server_security(cfg.security))
-        except OSError as e:
-            log.warning("%s, which shard %d had before; binding another port", e, shard)
-    return Server(follower, f"{host}:{port}", server_security(cfg.security))
 
 
 def record(run_dir: Path, follower: Follower, tensorboard: EventFile) -> dict[str, object]:
@@ -59,7 +45,7 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
                         cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s, part_dir(run_dir, shard),
                         cfg.checkpoint.keep)
     sampler = ResourceSampler(f"ps-{shard}", run_dir / "resources.csv")
-    server = bind(follower, cfg, run_dir, shard)
+    server = bind_server(follower, cfg, run_dir, shard, reuse=True)  # workers know the port it had
     tensorboard = EventFile(run_dir / "tensorboard" / f"shard-{shard}")
     address = reachable(cfg.cluster.shards[shard], server.port)
     publish(run_dir, address, shard)

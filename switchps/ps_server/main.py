@@ -23,7 +23,7 @@ from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.records import PS_COLUMNS, RunRecorder
 from switchps.ps_server.runs import build_core, prepare_run_dir, run_summary
-from switchps.ps_server.server import Server
+from switchps.ps_server.server import Servable, Server
 from switchps.ps_server.service import ParameterServer
 from switchps.ps_server.shard_zero import ShardZero
 from switchps.ps_server.shards import Leader
@@ -76,9 +76,9 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
         ps.finished.wait()
         ps.final_evaluated.wait(cfg.eval.final_timeout_s)
         ps.all_told_stop.wait(STOP_GRACE_S)
-        if isinstance(ps, ShardZero) and ps.failed:  # it sets every event the waits above are on
-            raise ps.failed
         if isinstance(ps, ShardZero):  # every worker has its last reply: a last checkpoint, then the followers go
+            if ps.failed:  # it sets every event the waits above are on
+                raise ps.failed
             _final_checkpoint(ps, lambda take: server.call(take))
             server.call(ps.leader.stop)
     finally:
@@ -115,23 +115,28 @@ def serve(ps: ParameterServer, cfg: RunConfig, run_dir: Path, resume: bool) -> S
     found by them. If that port is taken, the PS binds a new one and publishes it; processes started
     afterwards find it there, those already running give up after ``cluster.reconnect_s``.
     """
-    bind = bind_address(cfg, 0)
-    host, port = split(bind)
-    previous = published(run_dir) if resume and port == 0 and split(cfg.cluster.shards[0])[1] == 0 else None
-    security = server_security(cfg.security)
-    server = None
-    if previous is not None:
-        try:
-            server = Server(ps, f"{host}:{split(previous)[1]}", security)
-        except OSError as e:
-            log.warning("%s, which the PS had before its restart; binding another port", e)
-    if server is None:
-        server = Server(ps, bind, security)
+    server = bind_server(ps, cfg, run_dir, 0, reuse=resume)
     address = reachable(cfg.cluster.shards[0], server.port)
     ps.rec.event("ps_serving", address=address)
     publish(run_dir, address)
     log.info("PS serving at %s (port %d), run directory %s", address, server.port, run_dir)
     return server
+
+
+def bind_server(ps: Servable, cfg: RunConfig, run_dir: Path, shard: int, reuse: bool) -> Server:
+    """Serve shard ``shard`` (0: the PS) where ``bind_address`` says; with ``reuse`` and port 0 there,
+    first on the port it published before, if it can (see ``serve``)."""
+    bind = bind_address(cfg, shard)
+    host, port = split(bind)
+    configured = split(cfg.cluster.shards[shard])[1]
+    previous = published(run_dir, shard) if reuse and port == 0 and configured == 0 else None
+    security = server_security(cfg.security)
+    if previous is not None:
+        try:
+            return Server(ps, f"{host}:{split(previous)[1]}", security)
+        except OSError as e:
+            log.warning("%s, which shard %d had before its restart; binding another port", e, shard)
+    return Server(ps, bind, security)
 
 
 def shard_manifest(ckpt: Checkpoint, followers: int) -> dict[str, str]:
