@@ -108,7 +108,7 @@ class HostilePS:
         self.size = int(model_mb * MB) // 4
         self.chunk = int(chunk_mb * MB) // 4 * 4
         self.layout = make_layout([("w", (self.size,))])
-        client = PSClient(self.address, timeout_s=60)
+        client = PSClient(self.address, self.chunk, timeout_s=60)
         if client.register(0, self.layout, partition_size=100).send_init:
             client.init(0, self.layout, np.zeros(self.size, np.float32))
         client.close()

@@ -3,8 +3,7 @@
 - ``tensorboard``: the PS's CPU time per update for its TensorBoard events, fed rows as the recorder's
   flusher hands them over (700 updates/s flushed every 0.5 s), counting every thread of the process.
 - ``worker-step``: a worker's wall time per step for loading a reply's values into the model and
-  computing the next gradient (logreg ``--dim``->10, batch 32), through whichever API the code in
-  ``PYTHONPATH`` has (``stage`` since 2026-11-25, else ``assign``).
+  computing the next gradient (logreg ``--dim``->10, batch 32, its samples named by row).
 
 Run the same command with ``PYTHONPATH`` at each worktree, alternating. Prints JSON.
 
@@ -53,24 +52,22 @@ def worker_step(dim: int, steps: int) -> dict:
     from switchps.worker.setup import configure_threads
 
     configure_threads(1, 1)  # as a worker runs
-    gc = GradientComputer(keras.Sequential([keras.Input((dim,)), keras.layers.Dense(10)]), (dim,))
     x = np.random.default_rng(0).random((256, dim), np.float32)
     y = (np.arange(256) % 10).astype(np.int32)
-    gc.warm_up(x, y, 32, 32)
+    gc = GradientComputer(keras.Sequential([keras.Input((dim,)), keras.layers.Dense(10)]), x, y)
+    gc.warm_up(32, 32)
     values = gc.weights.read()
-    load = getattr(gc, "stage", gc.assign)
 
     def step(i: int) -> None:
-        load(values)
-        rows = slice(i % 8 * 32, (i % 8 + 1) * 32)
-        gc.compute(x[rows], y[rows], 32)
+        gc.stage(values)
+        gc.compute(np.arange(i % 8 * 32, (i % 8 + 1) * 32), 32)
 
     for i in range(50):
         step(i)
     t0 = time.perf_counter()
     for i in range(steps):
         step(i)
-    return {"benchmark": "worker_load_and_gradient", "dim": dim, "api": load.__name__,
+    return {"benchmark": "worker_load_and_gradient", "dim": dim,
             "ms_per_step": round((time.perf_counter() - t0) / steps * 1e3, 4)}
 
 

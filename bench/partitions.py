@@ -35,23 +35,24 @@ MIN_REPS, MAX_REPS = 3, 30
 BUDGET_S = 4.0  # timed seconds per (model, micro-batch): slow (small) micro-batches get fewer reps
 
 
-def time_compute(gc: GradientComputer, x: np.ndarray, y: np.ndarray, micro: int) -> float:
-    """Median wall seconds of ``gc.compute(x, y, micro)`` after warm-up (tracing excluded)."""
+def time_compute(gc: GradientComputer, micro: int) -> float:
+    """Median wall seconds of ``gc.compute`` over all its samples after warm-up (tracing excluded)."""
+    rows = np.arange(gc.samples)
     for _ in range(WARMUP_CALLS):
-        gc.compute(x, y, micro)
+        gc.compute(rows, micro)
     times: list[float] = []
     while len(times) < MIN_REPS or (len(times) < MAX_REPS and sum(times) < BUDGET_S):
         t0 = time.perf_counter()
-        gc.compute(x, y, micro)
+        gc.compute(rows, micro)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
 def bench_model(name: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> list[dict[str, float]]:
     """Per micro-batch size (<= batch): median s/sample and overhead vs the full batch."""
-    gc = GradientComputer(build_model(name, x.shape[1:], num_classes))
+    gc = GradientComputer(build_model(name, x.shape[1:], num_classes), x, y)
     micros = [m for m in MICRO_BATCHES if m < len(x)] + [len(x)]
-    per_sample = {m: time_compute(gc, x, y, m) / len(x) for m in micros}
+    per_sample = {m: time_compute(gc, m) / len(x) for m in micros}
     full = per_sample[len(x)]
     return [{"micro_batch": m, "s_per_sample": float(f"{s:.4g}"), "overhead_vs_full_batch": round(s / full, 2)}
             for m, s in per_sample.items()]

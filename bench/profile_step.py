@@ -1,4 +1,5 @@
-"""Where a worker step's time goes: the small model (784->10), 2 workers, ASP, authenticated, checkpointing.
+"""Where a worker step's time goes: logistic regression (784->10, or ``--dim``->10), 2 workers, ASP, authenticated,
+checkpointing.
 
 One real run (``switchps.launcher``, as ``bench/steps.py`` runs it). Once training has run ``--warmup-s``,
 a clean window of ``--seconds``, nothing attached: steps/s, the CPU time of every thread of the PS,
@@ -11,7 +12,7 @@ CPU time for the PS's event loop and applier threads. Threads with no Python fra
 TensorFlow's pools) are reported per thread, not split. Without py-spy: the clean window only.
 Prints JSON.
 
-    python bench/profile_step.py [--seconds 8] [--warmup-s 4] [--rate 250] [--py-spy PATH] [--keep DIR]
+    python bench/profile_step.py [--seconds 8] [--warmup-s 4] [--rate 250] [--dim 784] [--py-spy PATH] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from switchps.config import RunConfig, parse_config
 from switchps.jsonfile import dumps
 from switchps.launcher import launch
 from switchps.worker.client import PSClient
+from steps import data_config  # the sibling benchmark's data (bench/ is on sys.path)
 
 Rule = tuple[str, str, tuple[str, ...]]
 """(bucket, part of a file path, function names or ``Class.`` prefixes): a frame matches if both do (no
@@ -122,8 +124,8 @@ def read_raw(path: Path) -> dict[tuple[int, str], list[tuple[list[str], int]]]:
     for line in path.read_text().splitlines() if path.exists() else []:
         stack, _, count = line.rpartition(" ")
         head, *frames = stack.split(";")
-        tid, _, name = head.removeprefix("thread (").partition("): ")
-        out[int(tid, 0), name].append((frames, int(count)))
+        tid, name = re.fullmatch(r"thread \((\w+)\)(?:: (.*))?", head).groups()  # type: ignore[union-attr]
+        out[int(tid, 0), name or ""].append((frames, int(count)))
     return out
 
 
@@ -354,7 +356,7 @@ def config(args: argparse.Namespace) -> RunConfig:
     """``bench/steps.py``'s run: 2 workers, ASP, authenticated, checkpoints every 30 s."""
     return parse_config({
         "name": "profile-step", "cluster": {"workers": 2}, "model": {"name": "logreg"},
-        "data": {"name": "synthetic", "num_samples": 20000, "num_features": 784, "num_classes": 10},
+        "data": data_config(args.dim),
         "optimizer": {"name": "sgd", "learning_rate": 0.05}, "protocol": {"name": "asp", "batch": 32},
         "train": {"seconds": args.warmup_s + (1 + len(SAMPLED)) * (args.seconds + 1) + 6}, "eval": {"every_s": 5.0},
         "output": {"dir": tempfile.mkdtemp(prefix="switchps-profile-")}, "checkpoint": {"every_s": 30.0},
@@ -366,6 +368,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="each window's length")
     ap.add_argument("--warmup-s", type=float, default=4.0, help="training before the first window")
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    ap.add_argument("--dim", type=int, default=784, help="input features (78400: 784,010 parameters)")
     ap.add_argument("--py-spy", default=shutil.which("py-spy"), help="the py-spy binary (default: on PATH; none: "
                     "the clean window only)")
     ap.add_argument("--keep", type=Path, help="keep py-spy's raw profiles in this directory")

@@ -34,24 +34,23 @@ class StubComputer:
     cost_s: float = 0.0
     samples: int = 0
 
-    def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
+    def accumulate(self, rows: np.ndarray) -> None:
         self.clock.t += self.cost_s
-        self.samples += len(x)
+        self.samples += len(rows)
 
     def finish(self) -> tuple[np.ndarray, float]:
         grad, self.samples = np.full(2, float(self.samples), np.float32), 0
         return grad, 0.0
 
-    def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
-        for i in range(0, len(x), micro_batch):
-            self.accumulate(x[i : i + micro_batch], y[i : i + micro_batch])
+    def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
+        for i in range(0, len(rows), micro_batch):
+            self.accumulate(rows[i : i + micro_batch])
         return self.finish()
 
 
 def _runner(samples_per_s: float | None, cost_s: float = 0.0) -> tuple[StepRunner, FakeClock]:
     clock = FakeClock()
-    x, y = np.zeros((100, 2), np.float32), np.zeros(100, np.int32)
-    return StepRunner(StubComputer(clock, cost_s), x, y, Sampler(100, seed=0), samples_per_s, clock), clock
+    return StepRunner(StubComputer(clock, cost_s), Sampler(100, seed=0), samples_per_s, clock), clock
 
 
 def _amb_order(budget_s: float, max_batch: int = 1000, micro: int = 4) -> pb.WorkOrder:

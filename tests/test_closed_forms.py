@@ -139,13 +139,13 @@ class Clock:
 class Instant:
     """A gradient computer that takes no time (the emulated device's time is all there is)."""
 
-    def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
+    def accumulate(self, rows: np.ndarray) -> None:
         pass
 
     def finish(self) -> tuple[np.ndarray, float]:
         return np.zeros(1, np.float32), 0.0
 
-    def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
+    def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
         return self.finish()
 
 
@@ -154,8 +154,7 @@ def test_amb_rule_is_the_workers(sleep_s: float) -> None:
     """The AMB formulas' rule, X + d max(1, ceil((T - X)/d)) and that many micro-batches, is what
     ``worker.steps`` does with a straggler sleep X (d = 1/64 s: one sample at 64 samples/s)."""
     clock = Clock()
-    runner = StepRunner(Instant(), np.zeros((10, 1), np.float32), np.zeros(10, np.int32), Sampler(10, seed=0), 64.0,
-                        clock)
+    runner = StepRunner(Instant(), Sampler(10, seed=0), 64.0, clock)
     order = pb.WorkOrder(protocol="amb", sample_budget=1000, time_budget_s=0.5, micro_batch=1)
     step = runner.run(order, clock.now(), StepDelays(sleep_s=sleep_s))
     count = max(1, math.ceil((0.5 - sleep_s) * 64))

@@ -7,10 +7,12 @@ import pytest
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import INLINE_BYTES, FrameError, decode_header, encode_array, receive_into
+from switchps.ps_server.service import ParameterServer
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 
 CHUNK = 4096  # bytes
+CHUNK_FLOATS = 100_000  # a cluster's chunk, in float32 values: 400 kB, over INLINE_BYTES
 
 
 @pytest.mark.parametrize("floats", [0, 1, CHUNK // 4 - 1, CHUNK // 4, CHUNK // 4 + 1, 3 * CHUNK // 4,
@@ -61,6 +63,35 @@ def test_100mb_push_and_pull(cluster_factory):
     pulled = w.client.pull(fresh)
     assert pulled.fresh and pulled.order.version == 1
     np.testing.assert_array_equal(fresh, w.params)
+
+
+@pytest.mark.parametrize("size, rpc", [(CHUNK_FLOATS, "PushSmall"), (CHUNK_FLOATS + 1, "Push")])
+def test_a_push_of_at_most_a_chunk_is_one_message_and_a_larger_one_a_stream(cluster_factory, monkeypatch,
+                                                                            size, rpc):
+    """The client picks the RPC by the chunk size it shares with the PS; either way the update is applied
+    whole and the reply brings the new values."""
+    called: list[str] = []
+    small, stream = ParameterServer.push_small, ParameterServer.push
+
+    async def push_small(self, frame, ctx):
+        called.append("PushSmall")
+        return await small(self, frame, ctx)
+
+    async def push(self, requests, ctx):
+        called.append("Push")
+        async for frame in stream(self, requests, ctx):
+            yield frame
+
+    monkeypatch.setattr(ParameterServer, "push_small", push_small)
+    monkeypatch.setattr(ParameterServer, "push", push)
+    c = cluster_factory(workers=1, size=size, protocol={"name": "asp"}, chunk_bytes=4 * CHUNK_FLOATS)
+    w = c.workers[0]
+    grad = np.arange(size, dtype=np.float32)
+    r = w.push(grad, 1)
+    assert called == [rpc]
+    assert r.reply.applied and r.fresh and r.order.version == 1
+    np.testing.assert_array_equal(w.params, -grad)
+    np.testing.assert_array_equal(c.params, -grad)
 
 
 def test_all_finite_is_exact_even_when_the_fast_sum_overflows():

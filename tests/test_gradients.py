@@ -9,12 +9,14 @@ from switchps.worker.data import load_dataset
 from switchps.worker.gradients import GradientComputer
 from switchps.worker.models import build_model
 
+ALL = np.arange(64)  # the rows a computer is given (40 or 64 of them)
+
 
 def _computer(name: str = "mlp") -> tuple[GradientComputer, np.ndarray, np.ndarray]:
     data = load_dataset("digits")
     model = build_model(name, data.input_shape, data.num_classes, seed=1, hidden=[16]) if name == "mlp" else \
         build_model(name, data.input_shape, data.num_classes, seed=1)
-    return GradientComputer(model), data.x_train[:40], data.y_train[:40]
+    return GradientComputer(model, data.x_train[:40], data.y_train[:40]), data.x_train[:40], data.y_train[:40]
 
 
 def _reference_sum_gradient(gc: GradientComputer, x, y) -> np.ndarray:
@@ -28,24 +30,31 @@ def test_micro_batches_sum_to_the_whole_batch_gradient():
     gc, x, y = _computer()
     expected = _reference_sum_gradient(gc, x, y)
     for micro in (40, 16, 7, 1):  # one call, uneven tail, and per-sample
-        grad, loss = gc.compute(x, y, micro)
+        grad, loss = gc.compute(ALL[:40], micro)
         assert grad.shape == (gc.size,) and grad.dtype == np.float32
         np.testing.assert_allclose(grad, expected, rtol=2e-4, atol=2e-5)
         assert loss > 0
     # the sum, not the mean: doubling the samples doubles the gradient
-    grad2, _ = gc.compute(np.concatenate([x, x]), np.concatenate([y, y]), 16)
+    grad2, _ = gc.compute(np.concatenate([ALL[:40], ALL[:40]]), 16)
     np.testing.assert_allclose(grad2, 2 * expected, rtol=2e-4, atol=4e-5)
 
 
-def test_accumulators_reset_between_steps():
+def test_a_step_names_its_samples_by_row_in_any_order_and_with_repeats():
     gc, x, y = _computer()
-    first, _ = gc.compute(x, y, 8)
-    second, _ = gc.compute(x, y, 8)
+    rows = np.array([3, 17, 3, 39, 0])
+    grad, _ = gc.compute(rows, 2)
+    np.testing.assert_allclose(grad, _reference_sum_gradient(gc, x[rows], y[rows]), rtol=2e-4, atol=2e-5)
+
+
+def test_accumulators_reset_between_steps():
+    gc, _, _ = _computer()
+    first, _ = gc.compute(ALL[:40], 8)
+    second, _ = gc.compute(ALL[:40], 8)
     np.testing.assert_allclose(first, second, rtol=1e-5, atol=1e-6)
 
 
 def test_assign_round_trips_flat_parameters_without_rebuilding():
-    gc, x, _ = _computer()
+    gc, _, _ = _computer()
     model_before = gc.model
     flat = np.arange(gc.size, dtype=np.float32) / gc.size
     gc.assign(flat)
@@ -65,17 +74,17 @@ def _bn_computer() -> tuple[GradientComputer, np.ndarray, np.ndarray]:
     x = keras.Input((64,))
     h = keras.layers.BatchNormalization(name="bn")(keras.layers.Dense(8, name="d1")(x))
     model = keras.Model(x, keras.layers.Dense(10, name="out")(keras.layers.ReLU()(h)))
-    return GradientComputer(model), data.x_train[:64], data.y_train[:64]
+    return GradientComputer(model, data.x_train[:64], data.y_train[:64]), data.x_train[:64], data.y_train[:64]
 
 
 def test_the_push_payload_ends_with_the_models_state_after_the_step():
-    gc, x, y = _bn_computer()
+    gc, _, _ = _bn_computer()
     n = gc.weights.trainable_size
     assert gc.size == n + 16, "moving mean and variance of 8 units follow the 8*64+8+8+8+8*10+10 parameters"
     layout = gc.weights.layout()
     assert [v.name for v in layout.state] == ["bn/moving_mean", "bn/moving_variance"]
     initial_state = gc.weights.read()[n:].copy()
-    payload, _ = gc.compute(x, y, 16)
+    payload, _ = gc.compute(ALL[:64], 16)
     after = gc.weights.read()[n:]
     assert not np.allclose(after, initial_state), "training-mode forward passes move the statistics"
     np.testing.assert_array_equal(payload[n:], after)
@@ -86,40 +95,40 @@ def test_the_push_payload_ends_with_the_models_state_after_the_step():
 
 
 def test_warm_up_traces_every_function_once_and_leaves_the_model_as_it_was():
-    gc, x, y = _bn_computer()
+    gc, _, _ = _bn_computer()
     before = gc.weights.read()
-    gc.warm_up(x, y, batch=16, micro_batch=4)
+    gc.warm_up(batch=16, micro_batch=4)
     np.testing.assert_array_equal(gc.weights.read(), before)
     traced = gc.traces
     assert traced == 4, "whole-batch (with and without staged values), micro-batch and drain functions"
     for batch, micro in ((16, 16), (16, 4), (7, 3), (1, 1), (40, 16)):  # every size a step can have
-        gc.compute(x[:batch], y[:batch], micro)
-    gc.accumulate(x[:5], y[:5])
+        gc.compute(ALL[:batch], micro)
+    gc.accumulate(ALL[:5])
     gc.finish()
     for batch, micro in ((16, 16), (16, 4)):
         gc.stage(before)
-        gc.compute(x[:batch], y[:batch], micro)
+        gc.compute(ALL[:batch], micro)
     assert gc.traces == traced, "no step may pay for tracing"
 
 
 def test_staged_values_are_loaded_before_the_next_gradient_and_every_read():
-    gc, x, y = _bn_computer()
+    gc, _, _ = _bn_computer()
     start = gc.weights.read()
     values = start + np.float32(0.01) * np.arange(gc.size, dtype=np.float32) / gc.size
     expected = {}
     for micro in (64, 16):  # one call; micro-batches (each moves BatchNorm's statistics: the payload's tail)
         gc.assign(values)
-        expected[micro] = gc.compute(x, y, micro)[0]
+        expected[micro] = gc.compute(ALL[:64], micro)[0]
     for micro in (64, 16):
         gc.assign(start)
         gc.stage(values)
         np.testing.assert_array_equal(gc.weights.read(), start)  # staged, not yet loaded
-        np.testing.assert_allclose(gc.compute(x, y, micro)[0], expected[micro], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(gc.compute(ALL[:64], micro)[0], expected[micro], rtol=1e-6, atol=1e-7)
     gc.assign(start)
     gc.stage(values)
     np.testing.assert_array_equal(gc.read(), values)
     gc.stage(start)
     gc.assign(values)
-    gc.compute(x, y, 64)
+    gc.compute(ALL[:64], 64)
     assert not np.array_equal(gc.read()[:gc.weights.trainable_size], start[:gc.weights.trainable_size]), \
         "an assign drops what was staged before it"

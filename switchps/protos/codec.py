@@ -1,10 +1,11 @@
 """Frame codec for tensor RPCs: a protobuf header plus raw float32 bytes.
 
 Frame 0 is ``u32 little-endian header length || header || inline payload``;
-every later frame is raw payload. A payload no larger than ``INLINE_BYTES``
-rides inside frame 0, so a small push or pull is one unary message. Larger
-payloads follow as ``chunk_bytes`` frames, which keeps each message under
-gRPC's limits however large the model is.
+every later frame is raw payload. A reply's payload no larger than ``INLINE_BYTES``
+rides inside frame 0, and so does a push's no larger than a chunk (``whole_limit``):
+such a push is one unary message each way, which costs gRPC's synchronous client
+no thread (a streamed call starts two). Larger payloads follow as ``chunk_bytes``
+frames, which keeps each message under gRPC's limits however large the model is.
 
 Decoding never builds an intermediate copy of the payload: frames are viewed
 with ``np.frombuffer`` and copied once, straight into their destination.
@@ -32,7 +33,7 @@ from switchps.refusals import Rejected, invalid
 
 _LEN = struct.Struct("<I")
 INLINE_BYTES = 64 * 1024
-DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 # What a client accepts (replies are one PS chunk of at most 32 MiB, plus a header).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Free memory glibc keeps at the top of its heap, for the next frames (see ``tune_allocator``).
@@ -102,6 +103,17 @@ async def aencode(header: Message, chunks: AsyncIterator[bytes], nbytes: int) ->
 
 def encode_array(header: Message, flat: np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     return encode(header, array_chunks(flat, chunk_bytes), flat.nbytes)
+
+
+def whole_frame(header: Message, flat: np.ndarray) -> bytes:
+    """Frame 0 carrying all of ``flat`` (a payload of at most ``whole_limit``): one copy per byte."""
+    COPIES.add(flat.nbytes)
+    return b"".join((_frame0(header), flat.data))
+
+
+def whole_limit(chunk_bytes: int) -> int:
+    """The largest payload a push sends inside frame 0, as one message: a chunk (an inline payload, if larger)."""
+    return max(chunk_bytes, INLINE_BYTES)
 
 
 def decode_header(frame0: bytes, header_type: type[M]) -> tuple[M, memoryview]:
@@ -237,7 +249,7 @@ def receive_limit(chunk_bytes: int) -> int:
     gRPC refuses a larger message from its length prefix, before allocating for it, so no frame
     bigger than this is ever allocated on the PS.
     """
-    return max(chunk_bytes, INLINE_BYTES) + HEADER_BYTES
+    return whole_limit(chunk_bytes) + HEADER_BYTES
 
 
 def grpc_options(max_message_bytes: int = MAX_MESSAGE_BYTES,

@@ -38,8 +38,7 @@ class Real:
     """The model's parameters per referenced version, and the steps' losses and gradients at them."""
 
     def __init__(self, data: Dataset, model: keras.Model) -> None:
-        self.gc = GradientComputer(model, data.input_shape)
-        self.x, self.y = data.x_train, data.y_train
+        self.gc = GradientComputer(model, data.x_train, data.y_train)
         self.values = self.gc.weights.read().copy()
         self.trainable = self.gc.weights.trainable_size
         self.evaluator = Evaluator(model, data)
@@ -70,12 +69,12 @@ class Real:
         self._load(version)
         if len(group) == 1 and len(group[0].rows) <= self.rows_per_call:
             w = group[0]
-            flat, loss = self.gc.compute(self.x[w.rows], self.y[w.rows], len(w.rows))
+            flat, loss = self.gc.compute(w.rows, len(w.rows))
             self._used()
             w.grad, w.loss_sum = flat, loss
             return
         rows = np.concatenate([w.rows for w in group])
-        losses = np.concatenate([self.gc.losses(self.x[r], self.y[r]) for r in self._calls(rows)])
+        losses = np.concatenate([self.gc.losses(r) for r in self._calls(rows)])
         self._used()
         starts = np.cumsum([0] + [len(w.rows) for w in group[:-1]])
         for w, total in zip(group, np.add.reduceat(losses.astype(np.float64), starts)):
@@ -92,7 +91,7 @@ class Real:
             rows = np.concatenate([w.rows for w in group])
             self._load(version)
             for r in self._calls(rows):
-                flat, _ = self.gc.compute(self.x[r], self.y[r], len(r))
+                flat, _ = self.gc.compute(r, len(r))
                 total[:n] += flat[:n]
             total[n:] += flat[n:] * np.float32(len(group))
             self._used()

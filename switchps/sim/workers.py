@@ -24,18 +24,19 @@ NOTHING = np.empty(0, np.float32)
 
 
 class Indices:
-    """A ``worker.steps.Computer`` that computes nothing: it keeps the rows a step's micro-batches name
-    (the runner is handed row numbers as its samples, so its ``x`` are the rows themselves)."""
+    """A ``worker.steps.Computer`` that computes nothing: it keeps the rows a step's micro-batches name, as
+    rows of the training set (``rows``: the worker's share of them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
         self.parts: list[np.ndarray] = []
 
-    def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
-        self.parts.append(x)
+    def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
+        self.parts.append(self.rows[rows])
         return NOTHING, 0.0
 
-    def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
-        self.parts.append(x)
+    def accumulate(self, rows: np.ndarray) -> None:
+        self.parts.append(self.rows[rows])
 
     def finish(self) -> tuple[np.ndarray, float]:
         return NOTHING, 0.0
@@ -84,9 +85,9 @@ class SimWorker:
         n, workers = len(rows), cfg.cluster.num_workers
         rows = rows[share(n, index, workers, cfg.data.sampling)]
         self.index, self.registered = index, share_size(n, index, workers)
-        self.clock, self.indices = WorkerClock(), Indices()
+        self.clock, self.indices = WorkerClock(), Indices(rows)
         sampler = make_sampler(cfg.data.sampling, len(rows), cfg.seed, index)
-        self.runner = StepRunner(self.indices, rows, rows, sampler, cfg.device.samples_per_s, self.clock)
+        self.runner = StepRunner(self.indices, sampler, cfg.device.samples_per_s, self.clock)
         self.stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index, num_workers=workers)
         self.step = 0
         self.started = 0.0  # when its first pull arrived: its straggler plan's time counts from then

@@ -21,8 +21,8 @@ from switchps.channels import ClientSecurity
 from switchps.errors import PSUnreachable
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
-    DEFAULT_CHUNK_BYTES, INLINE_BYTES, decode_header, encode, encode_array, grpc_options, receive_into,
-    tune_allocator,
+    DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, tune_allocator,
+    whole_frame, whole_limit,
 )
 
 SERVICE = "/switchps.ParameterServer/"
@@ -138,12 +138,13 @@ class PSClient:
                                 pb.PullReply)
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
-        """Push a summed gradient; the reply's parameters are written into ``params``."""
+        """Push a summed gradient; the reply's parameters are written into ``params``. A gradient of at most a
+        chunk goes as one message each way (``PushSmall``), a larger one as a stream of chunks."""
         header.nbytes = grad_sum.nbytes
-        frames = encode_array(header, grad_sum, self.chunk_bytes)
-        if grad_sum.nbytes <= INLINE_BYTES:
-            reply = self._push_small(next(frames), timeout=self.timeout_s, metadata=self._md)
+        if grad_sum.nbytes <= whole_limit(self.chunk_bytes):
+            reply = self._push_small(whole_frame(header, grad_sum), timeout=self.timeout_s, metadata=self._md)
             return self._read_reply(iter([reply]), params, pb.PushReply)
+        frames = encode_array(header, grad_sum, self.chunk_bytes)
         return self._read_reply(self._push(frames, timeout=self.timeout_s, metadata=self._md), params, pb.PushReply)
 
     def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:

@@ -1,5 +1,10 @@
 """Summed-loss gradients over micro-batches, kept on the TF side until the push.
 
+The samples a computer trains on are held as tensors from the start, and a step names its samples by
+row: each function gathers its batch inside the TF call, so no step copies a batch on the host or
+converts it to a tensor (at 784k parameters, a 32-row batch is 10 MB, and the two cost a quarter of
+the step's compute).
+
 Each micro-batch's gradient is added into accumulator variables inside a
 ``tf.function``; nothing crosses to the host until the whole step is done,
 when the accumulators and the model's non-trainable state are flattened into
@@ -28,13 +33,15 @@ from switchps.worker.weights import FlatWeights
 
 
 class GradientComputer:
-    """Computes Σ per-sample gradients of the cross-entropy over a step's samples.
+    """Computes Σ per-sample gradients of the cross-entropy over a step's samples, rows of ``x``/``y``.
 
     ``traces`` counts how often a function was traced: after ``warm_up`` it stays put.
     """
 
-    def __init__(self, model: keras.Model, input_shape: tuple[int, ...] | None = None) -> None:
+    def __init__(self, model: keras.Model, x: np.ndarray, y: np.ndarray) -> None:
         self.model = model
+        self.samples = len(x)
+        self._x, self._y = tf.constant(x, tf.float32), tf.constant(y, tf.int32)
         self.weights = FlatWeights(model)
         self.variables = self.weights.trainable
         self.size = self.weights.size
@@ -42,8 +49,7 @@ class GradientComputer:
         self._loss_acc = tf.Variable(0.0, trainable=False)
         self._loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
         self._losses = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-        shape = tuple(input_shape or model.input_shape[1:])
-        batch = [tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int32)]
+        batch = [tf.TensorSpec([None], tf.int64)]  # the rows of x and y
         self.traces = 0
         self._accumulate = _concrete(self._accumulate_fn, batch)
         self._whole = _concrete(self._whole_fn, batch)
@@ -52,8 +58,12 @@ class GradientComputer:
         self._forward = tf.function(self._forward_fn, input_signature=batch)  # not on a worker's path: lazy
         self._staged: np.ndarray | None = None
 
-    def _accumulate_fn(self, x: tf.Tensor, y: tf.Tensor) -> None:
+    def _batch(self, rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return tf.gather(self._x, rows), tf.gather(self._y, rows)
+
+    def _accumulate_fn(self, rows: tf.Tensor) -> None:
         self.traces += 1  # Python side effect: runs only while tracing
+        x, y = self._batch(rows)
         with tf.GradientTape() as tape:
             loss = self._loss(y, self.model(x, training=True))
         for acc, g in zip(self._accs, tape.gradient(loss, self.variables)):
@@ -70,57 +80,60 @@ class GradientComputer:
             self._loss_acc.assign(0.0)
         return flat, loss
 
-    def _whole_fn(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _whole_fn(self, rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         self.traces += 1
+        x, y = self._batch(rows)
         with tf.GradientTape() as tape:
             loss = self._loss(y, self.model(x, training=True))
         grads = tape.gradient(loss, self.variables)
         return tf.concat([tf.reshape(g, [-1]) for g in grads] + [self.weights.state_tensor()], 0), loss
 
-    def _load_whole_fn(self, x: tf.Tensor, y: tf.Tensor, flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _load_whole_fn(self, rows: tf.Tensor, flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         self.weights.load(flat)  # automatic control dependencies: assigned before the forward pass reads
-        return self._whole_fn(x, y)
+        return self._whole_fn(rows)
 
-    def _forward_fn(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    def _forward_fn(self, rows: tf.Tensor) -> tf.Tensor:
         self.traces += 1
+        x, y = self._batch(rows)
         return self._losses(y, self.model(x, training=True))
 
-    def warm_up(self, x: np.ndarray, y: np.ndarray, batch: int, micro_batch: int) -> None:
+    def warm_up(self, batch: int, micro_batch: int) -> None:
         """Run every step function twice at the step's sizes, now rather than in the first timed step (the
         first runs at a new size set up kernels); leaves weights and state as they were."""
         initial = self.weights.read()
+        rows = np.arange(min(batch, self.samples))
         for _ in range(2):
-            _call(self._load_whole, x[:batch], y[:batch], initial)
-            _call(self._whole, x[:batch], y[:batch])
-            _call(self._accumulate, x[:micro_batch], y[:micro_batch])
+            _call(self._load_whole, rows, initial)
+            _call(self._whole, rows)
+            _call(self._accumulate, rows[:micro_batch])
             self._drain()
         self.weights.assign(initial)
 
-    def accumulate(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Add one micro-batch's Σ gradient and summed loss to the accumulators (no host copy)."""
+    def accumulate(self, rows: np.ndarray) -> None:
+        """Add the Σ gradient and summed loss of one micro-batch, ``rows``, to the accumulators (no host copy)."""
         self._load_staged()
-        _call(self._accumulate, x, y)
+        _call(self._accumulate, rows)
 
     def finish(self) -> tuple[np.ndarray, float]:
         """The push payload (accumulated Σ gradient, then the model's state) and the summed loss; resets."""
         flat, loss = self._drain()
         return flat.numpy(), float(loss)
 
-    def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
-        """The push payload and summed loss over all of ``x``, one micro-batch at a time."""
-        if len(x) <= micro_batch:  # one micro-batch: no accumulators, one call (loading staged values too)
+    def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
+        """The push payload and summed loss over the samples ``rows``, one micro-batch at a time."""
+        if len(rows) <= micro_batch:  # one micro-batch: no accumulators, one call (loading staged values too)
             staged, self._staged = self._staged, None
-            flat, loss = _call(self._whole, x, y) if staged is None else _call(self._load_whole, x, y, staged)
+            flat, loss = _call(self._whole, rows) if staged is None else _call(self._load_whole, rows, staged)
             return flat.numpy(), float(loss)
         self._load_staged()
-        for i in range(0, len(x), micro_batch):
-            _call(self._accumulate, x[i : i + micro_batch], y[i : i + micro_batch])
+        for i in range(0, len(rows), micro_batch):
+            _call(self._accumulate, rows[i : i + micro_batch])
         return self.finish()
 
-    def losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def losses(self, rows: np.ndarray) -> np.ndarray:
         """Each sample's loss, as a step's forward pass computes it (their sum is a step's summed loss)."""
         self._load_staged()
-        return self._forward(x, y).numpy()
+        return self._forward(tf.constant(rows, tf.int64)).numpy()
 
     def assign(self, flat: np.ndarray) -> None:
         """Load a pulled vector (parameters, then state) into the model now (dropping any staged one)."""
@@ -147,6 +160,6 @@ def _concrete(fn: Callable[..., Any], signature: list[tf.TensorSpec]) -> Callabl
     return tf.function(fn, input_signature=signature).get_concrete_function()
 
 
-def _call(fn: Callable[..., Any], *arrays: np.ndarray | tf.Tensor) -> Any:
-    """A concrete function called on ``arrays`` as tensors (it checks them against its signature)."""
-    return fn(*(tf.convert_to_tensor(a) for a in arrays))
+def _call(fn: Callable[..., Any], rows: np.ndarray, *arrays: np.ndarray) -> Any:
+    """A concrete function called on ``rows`` and ``arrays`` as tensors (it checks them against its signature)."""
+    return fn(tf.constant(rows, tf.int64), *(tf.convert_to_tensor(a) for a in arrays))

@@ -32,12 +32,9 @@ log = logging.getLogger("switchps.worker")
 
 def run_worker(cfg: RunConfig, index: int) -> int:
     """Train until the PS says stop; returns the number of steps taken."""
-    data, model = prepare(cfg)
-    n, workers = len(data.x_train), cfg.cluster.num_workers
-    rows = share(n, index, workers, cfg.data.sampling)
-    x, y = data.x_train[rows], data.y_train[rows]
-    gc = GradientComputer(model, data.input_shape)
-    gc.warm_up(x, y, cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
+    gc, n = _computer(cfg, index)
+    workers = cfg.cluster.num_workers
+    gc.warm_up(cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     layout = gc.weights.layout()
     client = connect(cfg.cluster.shards, layout, cfg.runtime.shard_max_bytes, cfg.runtime.chunk_bytes,
                      client_security(cfg, "worker", index))
@@ -54,8 +51,8 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     clock = RealClock()
     received_at = started = clock.now()
     gc.assign(params)
-    log.info("worker %d: %d samples, model v%d", index, len(x), reply.order.version)
-    runner = StepRunner(gc, x, y, make_sampler(cfg.data.sampling, len(x), cfg.seed, index), cfg.device.samples_per_s,
+    log.info("worker %d: %d samples, model v%d", index, gc.samples, reply.order.version)
+    runner = StepRunner(gc, make_sampler(cfg.data.sampling, gc.samples, cfg.seed, index), cfg.device.samples_per_s,
                         clock)
     stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index, num_workers=cfg.cluster.num_workers)
     warned: set[str] = set()
@@ -80,6 +77,14 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         step += 1
     client.close()
     return step
+
+
+def _computer(cfg: RunConfig, index: int) -> tuple[GradientComputer, int]:
+    """The model, holding this worker's share of the training set as tensors (the host copy is not kept);
+    and the training set's size."""
+    data, model = prepare(cfg)
+    rows = share(len(data.x_train), index, cfg.cluster.num_workers, cfg.data.sampling)
+    return GradientComputer(model, data.x_train[rows], data.y_train[rows]), len(data.x_train)
 
 
 def _warn_once(warned: set[str], index: int, s: Step, order: pb.WorkOrder, stragglers: StragglerInjector) -> None:

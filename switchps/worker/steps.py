@@ -46,11 +46,11 @@ class Order(Protocol):
 
 
 class Computer(Protocol):
-    """What a step needs of ``GradientComputer``."""
+    """What a step needs of ``GradientComputer``: it names its samples by row."""
 
-    def compute(self, x: np.ndarray, y: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]: ...
+    def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]: ...
 
-    def accumulate(self, x: np.ndarray, y: np.ndarray) -> None: ...
+    def accumulate(self, rows: np.ndarray) -> None: ...
 
     def finish(self) -> tuple[np.ndarray, float]: ...
 
@@ -121,9 +121,8 @@ class StepRunner:
     less than the real compute).
     """
 
-    def __init__(self, gc: Computer, x: np.ndarray, y: np.ndarray, sampler: Takes,
-                 samples_per_s: float | None, clock: Clock | None = None) -> None:
-        self.gc, self.x, self.y, self.sampler = gc, x, y, sampler
+    def __init__(self, gc: Computer, sampler: Takes, samples_per_s: float | None, clock: Clock | None = None) -> None:
+        self.gc, self.sampler = gc, sampler
         self.samples_per_s = samples_per_s
         self.clock = clock or RealClock()
 
@@ -141,21 +140,21 @@ class StepRunner:
     def _compute(self, order: Order, received_at: float, delays: StepDelays, slept: float) -> Step:
         if not order.time_budget_s and self.samples_per_s is None and delays.factor == 1.0:
             t0 = self.clock.now()
-            idx = self.sampler.take(order.sample_budget)
-            grad, loss = self.gc.compute(self.x[idx], self.y[idx], order.micro_batch)
-            return Step(grad, len(idx), loss, self.clock.now() - t0, slept)
+            rows = self.sampler.take(order.sample_budget)
+            grad, loss = self.gc.compute(rows, order.micro_batch)
+            return Step(grad, len(rows), loss, self.clock.now() - t0, slept)
         end = received_at + order.time_budget_s if order.time_budget_s else math.inf
         done, compute = 0, 0.0
         while done < order.sample_budget:
-            idx = self.sampler.take(min(order.micro_batch, order.sample_budget - done))
+            rows = self.sampler.take(min(order.micro_batch, order.sample_budget - done))
             t0 = self.clock.now()
-            self.gc.accumulate(self.x[idx], self.y[idx])
+            self.gc.accumulate(rows)
             took = self.clock.now() - t0
             if self.samples_per_s is not None:
-                took += self._sleep(len(idx) / self.samples_per_s - took)
+                took += self._sleep(len(rows) / self.samples_per_s - took)
             slept += self._sleep((delays.factor - 1.0) * took)
             compute += took
-            done += len(idx)
+            done += len(rows)
             if self.clock.now() >= end:
                 break
         exhausted = done >= order.sample_budget and self.clock.now() < end < math.inf
