@@ -10,6 +10,9 @@ payload of the same size back:
   whose reply carries the fresh parameters, through ``PSClient``, measured three
   ways: plaintext with no authentication, plaintext with a token on every call
   (``auth``), and TLS with a token (``tls``, a development CA from ``switchps.certs``).
+- the floor: raw tuned grpcio's round trip plus the passes over the payload a PS
+  cannot skip (``FLOOR_PASSES``), each timed alone in this process
+  (``passes_ms``); ``switchps_over_floor`` is how far switchps is from it.
 Each server runs in its own process, as in a deployment; the variants
 alternate in blocks so that drift on a noisy machine hits them alike. Ratios
 are of medians (> 1: switchps is faster). Prints JSON.
@@ -60,6 +63,8 @@ def serve_raw(port: int, chunk_bytes: int, tuned: bool) -> None:
     server.wait_for_termination()
 
 
+PS_CONFIG = {"cluster": {"workers": 1}, "protocol": {"name": "asp"},
+             "optimizer": {"name": "sgd", "learning_rate": 1e-6}, "train": {"steps": 10**9}}
 SECRET_ENV = "SWITCHPS_BENCH_SECRET"  # the secret reaches the PS processes by environment, never argv
 
 
@@ -72,8 +77,7 @@ def serve_ps(port: int, tls_dir: str | None) -> None:
     from switchps.ps_server.main import build_ps
     from switchps.ps_server.server import Server
 
-    cfg = parse_config({"cluster": {"workers": 1}, "protocol": {"name": "asp"},
-                        "optimizer": {"name": "sgd", "learning_rate": 1e-6}, "train": {"steps": 10**9}})
+    cfg = parse_config(PS_CONFIG)
     secret = os.environ.get(SECRET_ENV, "").encode() or None
     security = ServerSecurity(secret, _tls(tls_dir) if tls_dir else None)
     server = Server(build_ps(cfg, Path(tempfile.mkdtemp(prefix="switchps-bench-"))), f"127.0.0.1:{port}", security)
@@ -142,6 +146,41 @@ def bench_switchps(address: str, nbytes: int, worker: int, reps: int,
     copies = (COPIES.bytes_copied - before) / ((reps + 3) * 2 * nbytes)
     client.close()
     return seconds, copies
+
+
+def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
+    """Median ms of each pass a push+pull makes over the payload outside gRPC, timed alone in this process,
+    with the project's own code: the client's copy into frames, the PS's copy into its receive buffer, its
+    finiteness check, the optimizer's step (SGD, as the PS here runs it), the new version's copy into
+    frames, and the client's copy out of the reply into its parameters."""
+    from switchps.config import parse_config
+    from switchps.protos.codec import all_finite, array_chunks, receive_into, whole_frame, whole_limit
+    from switchps.ps_server.model import Snapshot, apply_update
+    from switchps.ps_server.optimizers import optimizer_factory
+
+    tune_allocator()  # as the client and the PS run
+    size = nbytes // 4
+    grad, buf, values, out = (np.ones(size, np.float32) for _ in range(4))
+    optimizer = optimizer_factory(parse_config(PS_CONFIG).optimizer)(size)
+    frames = Snapshot.of(1, values, chunk_bytes).chunks
+    encode = (lambda: whole_frame(pb.PushHeader(), grad)) if nbytes <= whole_limit(chunk_bytes) else \
+        (lambda: list(array_chunks(grad, chunk_bytes)))
+    steps = {
+        "client_encode": encode,
+        "ps_copy_in": lambda: np.copyto(buf, grad),
+        "ps_finite_check": lambda: all_finite(buf),
+        "ps_apply": lambda: list(apply_update(optimizer, values, size, buf, 1, 1)),
+        "ps_snapshot": lambda: Snapshot.of(1, values, chunk_bytes),
+        "client_copy_out": lambda: receive_into(memoryview(b""), frames(), out),
+    }
+    return {k: round(statistics.median(_timed(fn, reps)) * 1e3, 3) for k, fn in steps.items()}
+
+
+FLOOR_PASSES = ("client_encode", "ps_finite_check", "ps_apply", "ps_snapshot", "client_copy_out")
+"""The passes no PS can skip: gRPC's Python API sends ``bytes`` (one copy of the gradient), a push is checked
+before it is applied (one read), the optimizer reads the gradient and rewrites the values, a reply needs the
+version's values frozen while the next update runs (one copy), and the worker needs them in its own array.
+The copy into a receive buffer (``ps_copy_in``) is the one switchps makes beyond them."""
 
 
 def main() -> None:
@@ -213,6 +252,8 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
             p.wait()
     med = {k: statistics.median(v) for k, v in times.items()}
     gbps = lambda s: round(2 * nbytes / s / 1e9, 3)  # noqa: E731 - up + down per round trip
+    ms = passes(nbytes, chunk, max(3, args.reps))
+    floor = med["raw_tuned"] * 1e3 + sum(ms[k] for k in FLOOR_PASSES)
     return {
         "size_mb": mb,
         **{f"{k}_gb_s": gbps(v) for k, v in med.items()},
@@ -222,6 +263,9 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
         "auth_time_ratio": round(med["switchps_auth"] / med["switchps"], 3),
         "tls_time_ratio": round(med["switchps_tls"] / med["switchps"], 3),
         "client_copies_per_byte": round(copies["switchps"], 3),
+        "passes_ms": ms,
+        "floor_ms": round(floor, 2),
+        "switchps_over_floor": round(med["switchps"] * 1e3 / floor, 3),
     }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import itertools
 
 import numpy as np
@@ -219,6 +221,37 @@ def test_schedule_policy_switches_at_its_fraction_and_the_overhead_is_recorded()
     assert h.protocols_applied() == ["bsp"] * 3 + ["asp"] * 3
     (sw,) = h.core.switching.switches
     assert sw.to == "asp" and sw.step_s == pytest.approx(0.25) and sw.first_update_at == pytest.approx(100.1)
+
+
+def test_a_switch_keeps_only_the_updates_its_overhead_needs_and_they_survive_a_checkpoint():
+    from switchps.ps_server.overhead import INTERVALS, switch_overheads
+
+    h = Harness(workers=2, train={"steps": 100}, protocol={"batch": 1},
+                policy=Schedule(phases=[{"bsp": 0.02}, {"asp": 0.98}]))
+    while not h.core.done:
+        for w in (0, 1):
+            h.now += 0.1
+            h.push(w, 1.0, report=StepReport(compute_s=0.05))
+    (sw,) = h.core.switching.switches
+    assert len(sw.updates) == INTERVALS + 1 and sw.updates[0] == sw.first_update_at
+    state = h.core.state_dict(h.now)
+    assert len(json.dumps(state)) < 4000, "a checkpoint does not grow with the updates"
+    again = Harness(workers=2, train={"steps": 100}, protocol={"batch": 1})
+    again.core.load_state_dict(state, h.now)
+    assert again.core.switching.switches[0].updates == pytest.approx(sw.updates)
+    assert switch_overheads(again.core.switching.switches) == pytest.approx(switch_overheads([sw]))
+
+
+def test_a_checkpoint_that_kept_every_updates_time_still_resumes():
+    """Checkpoints written before 2026-11-25 hold a switch's first update alone, and every update's time."""
+    h = Harness(workers=2, protocol={"batch": 1})
+    state = h.core.state_dict(h.now)
+    times = [[-3.0 + 0.5 * i, "bsp" if i < 2 else "asp"] for i in range(6)]
+    state["switching"]["switches"] = [[-3.5, "asp", 0.2, -2.0]]
+    state["switching"]["update_times"] = times
+    h.core.load_state_dict(state, 100.0)
+    (sw,) = h.core.switching.switches
+    assert sw.to == "asp" and sw.updates == pytest.approx([98.0, 98.5, 99.0, 99.5])
 
 
 def test_a_normal_step_counts_communication_but_not_barrier_waits():

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+INTERVALS = 10
+"""Update intervals under the new protocol that a switch's normal step is the median of."""
 
 
 @dataclass
@@ -15,10 +19,21 @@ class SwitchRecord:
     to: str
     step_s: float = 0.0
     """A worker's median step when the switch was decided: the step any first update must wait for."""
-    first_update_at: float | None = None
+    updates: list[float] = field(default_factory=list)
+    """When the first ``INTERVALS + 1`` updates under ``to`` from the first on were applied (so a record stays
+    small however long the run)."""
+
+    @property
+    def first_update_at(self) -> float | None:
+        return self.updates[0] if self.updates else None
+
+    def applied(self, protocol: str, now: float) -> None:
+        """An update under ``protocol`` was applied ``now``."""
+        if protocol == self.to and len(self.updates) <= INTERVALS:
+            self.updates.append(now)
 
 
-def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[float, str]]) -> list[float]:
+def switch_overheads(switches: list[SwitchRecord]) -> list[float]:
     """Per switch: decision to the first update under the new protocol, minus one normal step.
 
     A normal step is the longer of a worker's median step when the switch was decided (compute and
@@ -29,7 +44,6 @@ def switch_overheads(switches: list[SwitchRecord], update_times: list[tuple[floa
     for sw in switches:
         if sw.first_update_at is None:
             continue
-        after = [t for t, proto in update_times if t >= sw.first_update_at and proto == sw.to][:11]
-        interval = float(np.median(np.diff(after))) if len(after) > 1 else 0.0
+        interval = float(np.median(np.diff(sw.updates))) if len(sw.updates) > 1 else 0.0
         out.append(max(0.0, sw.first_update_at - sw.decided_at - max(sw.step_s, interval)))
     return out

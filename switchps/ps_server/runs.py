@@ -101,7 +101,7 @@ def run_summary(cfg: RunConfig, core: Core, rec: RunRecorder, now: float, *, fin
         "workers_not_told_stop": sorted(set(core.members.registered) - told_stop),
         "policy": cfg.policy.name,
         "switches": len(core.switching.switches),
-        "switch_overhead_s": _overhead_summary(switch_overheads(core.switching.switches, core.switching.update_times)),
+        "switch_overhead_s": _overhead_summary(switch_overheads(core.switching.switches)),
         "checkpoints": checkpoints,
         "resumes": rec.counts["resumes"],
     }

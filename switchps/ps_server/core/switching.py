@@ -47,15 +47,12 @@ class Switching:
         self.switched_at: int | None = None  # the version at the last protocol switch, for ``rescale.ramp``
         self.restore = 1.0
         self.switches: list[SwitchRecord] = []
-        self.update_times: list[tuple[float, str]] = []
 
     def applied(self, u: Update, version: int, now: float) -> Apply:
         """Update ``version`` applies ``u`` now: its action, with the learning-rate factor in force (the
         protocol's own, e.g. staleness, times the ramp after a switch)."""
-        self.update_times.append((now, self.spec.name))
         for sw in self.switches:
-            if sw.first_update_at is None and sw.to == self.spec.name:
-                sw.first_update_at = now
+            sw.applied(self.spec.name, now)
         since = None if self.switched_at is None else version - 1 - self.switched_at
         factor = u.lr_factor * (1.0 if since is None else ramp(self.on_switch, self.restore, since))
         a = u.aggregate
@@ -138,9 +135,8 @@ class Switching:
                 "lr_scale": self.lr_scale, "momentum": self.momentum,
                 "pending": None if p is None else [p.new.model_dump(), p.reason, p.policy, p.decided_at - now],
                 "switched_at": self.switched_at, "restore": self.restore,
-                "switches": [[s.decided_at - now, s.to, s.step_s, None if s.first_update_at is None
-                              else s.first_update_at - now] for s in self.switches],
-                "update_times": [[t - now, p] for t, p in self.update_times]}
+                "switches": [[s.decided_at - now, s.to, s.step_s, [t - now for t in s.updates]]
+                             for s in self.switches]}
 
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         """(After the lifecycle's: the protocol enters the membership it restored.)"""
@@ -152,6 +148,18 @@ class Switching:
         p = d["pending"]
         self.pending = None if p is None else Pending(ProtocolSpec.model_validate(p[0]), p[1], p[2], now + p[3])
         self.switched_at, self.restore = d["switched_at"], d["restore"]
-        self.switches = [SwitchRecord(now + at, to, step_s, None if first is None else now + first)
-                         for at, to, step_s, first in d["switches"]]
-        self.update_times = [(now + t, p) for t, p in d["update_times"]]
+        self.switches = [_switch(now, *sw, d.get("update_times", [])) for sw in d["switches"]]
+
+
+def _switch(now: float, at: float, to: str, step_s: float, updates: list[float] | float | None,
+            update_times: list[list]) -> SwitchRecord:
+    """A switch's record from a checkpoint; one written before switches kept their own updates' times has the
+    first update's time alone and every update's time beside (``update_times``)."""
+    sw = SwitchRecord(now + at, to, step_s)
+    if isinstance(updates, list):
+        sw.updates = [now + t for t in updates]
+    elif updates is not None:
+        for t, protocol in update_times:
+            if t >= updates:
+                sw.applied(protocol, now + t)
+    return sw
