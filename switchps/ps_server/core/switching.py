@@ -148,13 +148,14 @@ class Switching:
         p = d["pending"]
         self.pending = None if p is None else Pending(ProtocolSpec.model_validate(p[0]), p[1], p[2], now + p[3])
         self.switched_at, self.restore = d["switched_at"], d["restore"]
-        self.switches = [_switch(now, *sw, d.get("update_times", [])) for sw in d["switches"]]
+        self.switches = [_switch(now, sw, d.get("update_times", [])) for sw in d["switches"]]
 
 
-def _switch(now: float, at: float, to: str, step_s: float, updates: list[float] | float | None,
-            update_times: list[list]) -> SwitchRecord:
-    """A switch's record from a checkpoint; one written before switches kept their own updates' times has the
-    first update's time alone and every update's time beside (``update_times``)."""
+def _switch(now: float, saved: list, update_times: list[list]) -> SwitchRecord:
+    """A switch's record from a checkpoint (``[decided_at, to, step_s, updates]``); one written before switches
+    kept their own updates' times has the first update's time alone, and every update's time beside
+    (``update_times``)."""
+    at, to, step_s, updates = saved
     sw = SwitchRecord(now + at, to, step_s)
     if isinstance(updates, list):
         sw.updates = [now + t for t in updates]
