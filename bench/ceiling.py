@@ -1,0 +1,158 @@
+"""The most ASP steps/s a PS on gRPC's Python API could make on this machine, against TF2 ParameterServerStrategy.
+
+A step cannot take less CPU than its three unavoidable parts, each measured alone here (no contention):
+- ``gradient``: the model's gradient on a batch already in TF (``--dim``->10 logistic regression, batch 32):
+  no gather, no load of new values, no copy out (in a process of its own, TF limited to one thread each);
+- ``transport``: one round trip of the model's bytes each way as single unary messages through raw grpcio,
+  built in advance and answered with bytes built in advance (a PS's least work on the wire), the CPU of the
+  client and of the server process together;
+- ``apply``: the PS's SGD update of the model (switchps's own NumPy optimizer).
+With perfect packing on every core, steps/s can be no more than cores / (their sum): ``ceiling_steps_per_s``.
+The peer, TF2 ParameterServerStrategy (``bench/tf_ps.py``), runs in the same session, and the JSON says
+whether ``--target`` times its steps/s lies under the ceiling. An upper bound: every other cost (checks,
+copies, Python, waiting for a core) only lowers what is reachable. Prints JSON.
+
+    python bench/ceiling.py [--dim 78400] [--seconds 12] [--target 2.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import grpc
+import numpy as np
+import psutil
+
+from switchps.address import free_port
+from switchps.jsonfile import dumps
+from switchps.protos.codec import grpc_options, tune_allocator
+from tf_ps import run_peer
+
+BATCH, CLASSES = 32, 10
+
+
+def gradient_cpu_ms(dim: int, steps: int) -> float:
+    """CPU ms of one gradient on a fixed batch already in TF (run in this process: ``--gradient``)."""
+    import keras
+    import tensorflow as tf
+
+    from switchps.worker.setup import configure_threads
+
+    configure_threads(1, 1)
+    model = keras.Sequential([keras.Input((dim,)), keras.layers.Dense(CLASSES)])
+    x = tf.constant(np.random.default_rng(0).random((BATCH, dim), np.float32))
+    y = tf.constant(np.arange(BATCH, dtype=np.int32) % CLASSES)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+
+    def grad() -> list:
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        return tape.gradient(value, model.trainable_variables)
+
+    step = tf.function(grad).get_concrete_function()
+    for _ in range(50):
+        step()
+    t0 = time.process_time()
+    for _ in range(steps):
+        step()
+    return (time.process_time() - t0) / steps * 1e3
+
+
+def serve_echo(port: int, nbytes: int) -> None:
+    """A raw unary echo: any message in, ``nbytes`` built once out."""
+    tune_allocator()
+    reply = bytes(nbytes)
+
+    async def echo(request: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
+        return reply
+
+    async def main() -> None:
+        server = grpc.aio.server(options=grpc_options())
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("raw.Echo", {
+            "Echo": grpc.unary_unary_rpc_method_handler(echo, request_deserializer=None, response_serializer=None)})])
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def transport_cpu_ms(nbytes: int, reps: int) -> float:
+    """Client and server CPU ms of one unary round trip of ``nbytes`` each way, median of 5 blocks."""
+    tune_allocator()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--bytes", str(nbytes)])
+    request = bytes(nbytes)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options()) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+            call = channel.unary_unary("/raw.Echo/Echo", request_serializer=None, response_deserializer=None)
+            proc, blocks = psutil.Process(server.pid), []
+            for _ in range(5):
+                for _ in range(5):
+                    call(request)
+                s0, c0 = proc.cpu_times(), time.process_time()
+                for _ in range(reps):
+                    call(request)
+                s1 = proc.cpu_times()
+                server_s = s1.user + s1.system - s0.user - s0.system
+                blocks.append((time.process_time() - c0 + server_s) / reps * 1e3)
+            return statistics.median(blocks)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def apply_cpu_ms(size: int, reps: int) -> float:
+    """CPU ms of the PS's SGD update of ``size`` parameters."""
+    from switchps.config import parse_config
+    from switchps.ps_server.model import apply_update
+    from switchps.ps_server.optimizers import optimizer_factory
+
+    spec = parse_config({"cluster": {"workers": 1}, "optimizer": {"name": "sgd", "learning_rate": 0.05}}).optimizer
+    optimizer = optimizer_factory(spec)(size)
+    values, grad = np.zeros(size, np.float32), np.ones(size, np.float32)
+    t0 = time.process_time()
+    for _ in range(reps):
+        list(apply_update(optimizer, values, size, grad, BATCH, 1))
+    return (time.process_time() - t0) / reps * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dim", type=int, default=78400, help="input features (78400: 784,010 parameters)")
+    ap.add_argument("--seconds", type=float, default=12.0, help="the peer's measured window")
+    ap.add_argument("--target", type=float, default=2.5, help="the multiple of the peer's steps/s to test")
+    ap.add_argument("--steps", type=int, default=400, help="gradients and updates timed")
+    ap.add_argument("--gradient", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        return serve_echo(args.serve, args.bytes)
+    if args.gradient:
+        return print(json.dumps(gradient_cpu_ms(args.dim, args.steps)))
+    size = args.dim * CLASSES + CLASSES
+    done = subprocess.run([sys.executable, __file__, "--gradient", "--dim", str(args.dim), "--steps",
+                           str(args.steps)], capture_output=True, text=True, check=True)
+    ms = {"gradient": float(done.stdout.strip().splitlines()[-1]), "transport": transport_cpu_ms(4 * size, 100),
+          "apply": apply_cpu_ms(size, args.steps)}
+    cores = os.cpu_count() or 1
+    ceiling = cores * 1e3 / sum(ms.values())
+    peer = run_peer(2, args.seconds, 3.0, args.dim, BATCH, lr=0.05)["steps_per_s"]
+    print(dumps({"benchmark": "asp_steps_ceiling", "parameters": size, "cores": cores,
+                 "cpu_ms_per_step": {k: round(v, 3) for k, v in ms.items()},
+                 "ceiling_steps_per_s": round(ceiling, 1), "tf2_ps_strategy_steps_per_s": peer,
+                 "ceiling_over_tf": round(ceiling / peer, 3), "target": args.target,
+                 "target_under_ceiling": ceiling >= args.target * peer}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
