@@ -8,6 +8,8 @@ A step cannot take less CPU than its three unavoidable parts, each measured alon
   client and of the server process together;
 - ``apply``: the PS's SGD update of the model (switchps's own NumPy optimizer).
 With perfect packing on every core, steps/s can be no more than cores / (their sum): ``ceiling_steps_per_s``.
+Two workers on two cores compute at the same time, and their gradients then share the memory system:
+``ceiling_two_gradients_at_once`` takes the gradient's CPU from two gradient processes run at once.
 The peer, TF2 ParameterServerStrategy (``bench/tf_ps.py``), runs in the same session, and the JSON says
 whether ``--target`` times its steps/s lies under the ceiling. An upper bound: every other cost (checks,
 copies, Python, waiting for a core) only lowers what is reachable. Prints JSON.
@@ -140,18 +142,30 @@ def main() -> None:
     if args.gradient:
         return print(json.dumps(gradient_cpu_ms(args.dim, args.steps)))
     size = args.dim * CLASSES + CLASSES
-    done = subprocess.run([sys.executable, __file__, "--gradient", "--dim", str(args.dim), "--steps",
-                           str(args.steps)], capture_output=True, text=True, check=True)
-    ms = {"gradient": float(done.stdout.strip().splitlines()[-1]), "transport": transport_cpu_ms(4 * size, 100),
-          "apply": apply_cpu_ms(size, args.steps)}
+    alone, (*two,) = gradients(args, 1), gradients(args, 2)
+    ms = {"gradient": alone[0], "transport": transport_cpu_ms(4 * size, 100), "apply": apply_cpu_ms(size, args.steps)}
     cores = os.cpu_count() or 1
     ceiling = cores * 1e3 / sum(ms.values())
+    at_once = cores * 1e3 / (sum(ms.values()) - alone[0] + statistics.mean(two))
     peer = run_peer(2, args.seconds, 3.0, args.dim, BATCH, lr=0.05)["steps_per_s"]
     print(dumps({"benchmark": "asp_steps_ceiling", "parameters": size, "cores": cores,
                  "cpu_ms_per_step": {k: round(v, 3) for k, v in ms.items()},
-                 "ceiling_steps_per_s": round(ceiling, 1), "tf2_ps_strategy_steps_per_s": peer,
-                 "ceiling_over_tf": round(ceiling / peer, 3), "target": args.target,
-                 "target_under_ceiling": ceiling >= args.target * peer}, indent=2))
+                 "gradient_cpu_ms_two_at_once": [round(v, 3) for v in two],
+                 "ceiling_steps_per_s": round(ceiling, 1), "ceiling_two_gradients_at_once": round(at_once, 1),
+                 "tf2_ps_strategy_steps_per_s": peer, "ceiling_over_tf": round(ceiling / peer, 3),
+                 "ceiling_two_gradients_at_once_over_tf": round(at_once / peer, 3), "target": args.target,
+                 "target_under_ceiling": ceiling >= args.target * peer,
+                 "target_under_ceiling_two_gradients_at_once": at_once >= args.target * peer}, indent=2))
+
+
+def gradients(args: argparse.Namespace, n: int) -> list[float]:
+    """The gradient's CPU ms per step in each of ``n`` processes run at the same time."""
+    cmd = [sys.executable, __file__, "--gradient", "--dim", str(args.dim), "--steps", str(args.steps)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(n)]
+    outs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("ceiling: a gradient process failed")
+    return [float(out.strip().splitlines()[-1]) for out in outs]
 
 
 if __name__ == "__main__":
