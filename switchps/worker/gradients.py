@@ -2,7 +2,7 @@
 
 The samples a computer trains on are held as tensors from the start, and a step names its samples by
 row: each function gathers its batch inside the TF call, so no step copies a batch on the host or
-converts it to a tensor (at 784k parameters, a 32-row batch is 10 MB, and the two cost a quarter of
+converts it to a tensor (at 784k parameters, a 32-row batch is 10 MB, and the two cost a third of
 the step's compute).
 
 Each micro-batch's gradient is added into accumulator variables inside a
