@@ -300,8 +300,8 @@ class RuntimeSpec(Section):
     intra_op_threads: int = Field(1, ge=1, le=MAX_THREADS)
     """TensorFlow threads per process, at most 256 (as is inter_op_threads)."""
     inter_op_threads: int = Field(1, ge=1, le=MAX_THREADS)
-    chunk_mb: float = Field(4.0, gt=0, le=32)
-    """Size of raw tensor frames on the wire; a push of at most this goes as one message."""
+    chunk_mb: float = Field(2.0, gt=0, le=32)
+    """Size of raw tensor frames on the wire (a push of at most 4 MiB, or a chunk, goes as one message)."""
     receive_timeout_s: float = Field(30.0, gt=0, le=3600)
     """The PS cuts a request stream that sends no frame for this long (DEADLINE_EXCEEDED, counted)."""
     max_model_mb: float = Field(8192.0, gt=0, le=2**20)

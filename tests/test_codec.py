@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import INLINE_BYTES, FrameError, decode_header, encode_array, receive_into
+from switchps.protos.codec import (
+    INLINE_BYTES, WHOLE_BYTES, FrameError, decode_header, encode_array, receive_into,
+)
 from switchps.ps_server.service import ParameterServer
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 
 CHUNK = 4096  # bytes
-CHUNK_FLOATS = 100_000  # a cluster's chunk, in float32 values: 400 kB, over INLINE_BYTES
+WHOLE_FLOATS = WHOLE_BYTES // 4
 
 
 @pytest.mark.parametrize("floats", [0, 1, CHUNK // 4 - 1, CHUNK // 4, CHUNK // 4 + 1, 3 * CHUNK // 4,
@@ -65,9 +67,10 @@ def test_100mb_push_and_pull(cluster_factory):
     np.testing.assert_array_equal(fresh, w.params)
 
 
-@pytest.mark.parametrize("size, rpc", [(CHUNK_FLOATS, "PushSmall"), (CHUNK_FLOATS + 1, "Push")])
-def test_a_push_of_at_most_a_chunk_is_one_message_and_a_larger_one_a_stream(cluster_factory, monkeypatch,
-                                                                            size, rpc):
+@pytest.mark.parametrize("size, chunk_bytes, rpc", [(WHOLE_FLOATS, None, "PushSmall"), (WHOLE_FLOATS + 1, None, "Push"),
+                                                    (2 * WHOLE_FLOATS, 2 * WHOLE_BYTES, "PushSmall")])
+def test_a_push_of_at_most_whole_bytes_or_a_chunk_is_one_message_and_a_larger_one_a_stream(
+        cluster_factory, monkeypatch, size, chunk_bytes, rpc):
     """The client picks the RPC by the chunk size it shares with the PS; either way the update is applied
     whole and the reply brings the new values."""
     called: list[str] = []
@@ -84,7 +87,7 @@ def test_a_push_of_at_most_a_chunk_is_one_message_and_a_larger_one_a_stream(clus
 
     monkeypatch.setattr(ParameterServer, "push_small", push_small)
     monkeypatch.setattr(ParameterServer, "push", push)
-    c = cluster_factory(workers=1, size=size, protocol={"name": "asp"}, chunk_bytes=4 * CHUNK_FLOATS)
+    c = cluster_factory(workers=1, size=size, protocol={"name": "asp"}, chunk_bytes=chunk_bytes)
     w = c.workers[0]
     grad = np.arange(size, dtype=np.float32)
     r = w.push(grad, 1)

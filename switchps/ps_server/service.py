@@ -274,7 +274,7 @@ class ParameterServer:
             yield frame
 
     async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
-        """A push in one message, answered with one (a payload of at most a chunk: ``codec.whole_limit``)."""
+        """A push in one message, answered with one (a payload of at most ``codec.whole_limit``)."""
         return b"".join([f async for f in self._push(ctx, frame)])
 
     async def _push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None = None) -> AsyncIterator[bytes]:

@@ -138,8 +138,8 @@ class PSClient:
                                 pb.PullReply)
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
-        """Push a summed gradient; the reply's parameters are written into ``params``. A gradient of at most a
-        chunk goes as one message each way (``PushSmall``), a larger one as a stream of chunks."""
+        """Push a summed gradient; the reply's parameters are written into ``params``. A gradient of at most
+        ``codec.whole_limit`` goes as one message each way (``PushSmall``), a larger one as a stream of chunks."""
         header.nbytes = grad_sum.nbytes
         if grad_sum.nbytes <= whole_limit(self.chunk_bytes):
             reply = self._push_small(whole_frame(header, grad_sum), timeout=self.timeout_s, metadata=self._md)

@@ -133,7 +133,7 @@ class GradientComputer:
     def losses(self, rows: np.ndarray) -> np.ndarray:
         """Each sample's loss, as a step's forward pass computes it (their sum is a step's summed loss)."""
         self._load_staged()
-        return self._forward(tf.constant(rows, tf.int64)).numpy()
+        return _call(self._forward, rows).numpy()
 
     def assign(self, flat: np.ndarray) -> None:
         """Load a pulled vector (parameters, then state) into the model now (dropping any staged one)."""
