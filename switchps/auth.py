@@ -21,7 +21,8 @@ from switchps.refusals import Rejected
 METADATA_KEY = "authorization"
 ROLES = ("worker", "evaluator", "status", "shard")
 PERMITTED: dict[str, frozenset[str]] = {
-    "worker": frozenset({"Register", "Init", "Push", "PushSmall", "Pull", "InitPart", "PushPart", "PullPart"}),
+    "worker": frozenset({"Register", "Attach", "Init", "Push", "PushSmall", "Pull", "InitPart", "PushPart",
+                        "PullPart"}),
     "evaluator": frozenset({"Pull", "Eval", "Status", "PullPart"}),
     "status": frozenset({"Status"}),
     "shard": frozenset({"Follow"}),

@@ -308,7 +308,8 @@ class RuntimeSpec(Section):
     """The largest model (parameters and state) the PS accepts from a Register."""
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Expose Prometheus metrics from the PS on this port."""
-
+    shared_memory: bool = True
+    """A worker on the PS's host pushes through a shared-memory segment, not gRPC bytes (others cannot)."""
     shard_max_mb: float = Field(4.0, gt=0, le=2**20)
     """Several PS shards: a variable larger than this is cut into row blocks spread over the shards
     (BytePS's piece size); the partition is the same on every role."""

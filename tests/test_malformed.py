@@ -18,6 +18,7 @@ RPCS = [  # method, its shape, the name rejections are counted under
     ("Status", "unary_unary", "status"),
     ("Eval", "unary_unary", "eval"),
     ("PushSmall", "unary_unary", "push"),
+    ("Attach", "unary_unary", "attach"),
     ("Pull", "unary_stream", "pull"),
     ("Push", "stream_stream", "push"),
     ("Init", "stream_stream", "init"),

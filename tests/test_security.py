@@ -135,7 +135,7 @@ def test_a_large_unauthenticated_stream_is_refused_before_it_is_read(cluster_fac
 
 
 def test_many_rejections_are_all_counted_but_logged_as_events_only_up_to_a_cap(secure):
-    from switchps.ps_server.service import EVENTS_PER_REASON
+    from switchps.ps_server.rejections import EVENTS_PER_REASON
 
     anonymous = _client(secure, None)
     for _ in range(EVENTS_PER_REASON + 5):

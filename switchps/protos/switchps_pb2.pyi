@@ -87,7 +87,7 @@ class StepStats(_message.Message):
     def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., delay_sleep_s: _Optional[float] = ..., delay_factor: _Optional[float] = ..., delay_comm_s: _Optional[float] = ..., batch_exhausted: _Optional[bool] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats", "session", "attempt")
+    __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats", "session", "attempt", "shared")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class PushHeader(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     worker: int
     base_version: int
     samples: int
@@ -104,23 +105,46 @@ class PushHeader(_message.Message):
     stats: StepStats
     session: int
     attempt: int
-    def __init__(self, worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[StepStats, _Mapping]] = ..., session: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    shared: bool
+    def __init__(self, worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., layout_digest: _Optional[str] = ..., nbytes: _Optional[int] = ..., stats: _Optional[_Union[StepStats, _Mapping]] = ..., session: _Optional[int] = ..., attempt: _Optional[int] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class PushReply(_message.Message):
-    __slots__ = ("order", "applied", "note", "staleness", "wait_s", "nbytes")
+    __slots__ = ("order", "applied", "note", "staleness", "wait_s", "nbytes", "shared")
     ORDER_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     STALENESS_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     order: WorkOrder
     applied: bool
     note: str
     staleness: int
     wait_s: float
     nbytes: int
-    def __init__(self, order: _Optional[_Union[WorkOrder, _Mapping]] = ..., applied: _Optional[bool] = ..., note: _Optional[str] = ..., staleness: _Optional[int] = ..., wait_s: _Optional[float] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    shared: bool
+    def __init__(self, order: _Optional[_Union[WorkOrder, _Mapping]] = ..., applied: _Optional[bool] = ..., note: _Optional[str] = ..., staleness: _Optional[int] = ..., wait_s: _Optional[float] = ..., nbytes: _Optional[int] = ..., shared: _Optional[bool] = ...) -> None: ...
+
+class AttachRequest(_message.Message):
+    __slots__ = ("worker", "name", "nonce", "nbytes")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    name: str
+    nonce: bytes
+    nbytes: int
+    def __init__(self, worker: _Optional[int] = ..., name: _Optional[str] = ..., nonce: _Optional[bytes] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class AttachReply(_message.Message):
+    __slots__ = ("attached", "note")
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    attached: bool
+    note: str
+    def __init__(self, attached: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
 
 class PullReply(_message.Message):
     __slots__ = ("order", "nbytes")

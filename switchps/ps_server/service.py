@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,12 +34,14 @@ from typing import NoReturn
 
 import grpc
 import numpy as np
-from prometheus_client import Counter, Gauge
+from prometheus_client import Gauge
 
 from switchps.auth import authorize_worker
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import PayloadWriter, aencode, decode, encode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
+from switchps.protos.segment import Segment
+from switchps.ps_server.attachments import Attachments, write_values
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.guard import Guard
@@ -50,19 +51,13 @@ from switchps.ps_server.events import (
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
+from switchps.ps_server.rejections import PUSHES, RejectionCounter
 from switchps.ps_server.optimizers import adjust_optimizer
 from switchps.ps_server.validate import check_eval, check_layout
 from switchps.refusals import Rejected, invalid, precondition
 
 SERVICE = "switchps.ParameterServer"
-PUSHES = Counter("switchps_pushes", "Pushes by outcome", ["outcome"])
 VERSION = Gauge("switchps_model_version", "Current model version")
-log = logging.getLogger("switchps.ps")
-EVENTS_PER_REASON = 100
-"""Rejections of one kind beyond this many are counted but no longer logged as events (a flood of bad
-requests must not fill the disk)."""
-LOG_EVERY_S = 60.0
-"""The PS log gets at most one line per kind of rejection this often."""
 
 
 class ParameterServer:
@@ -85,7 +80,8 @@ class ParameterServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
-        self._logged: dict[str, float] = {}  # kind of rejection -> when a line about it was last logged
+        self.count_rejection = RejectionCounter(rec, lambda: self.core.version, clock).count
+        self.segments = Attachments(max_model_bytes)
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
         self._checkpoint_soon = False
         self.guard: Guard | None = None  # set by ``server.Server`` when the PS has a secret
@@ -218,6 +214,15 @@ class ParameterServer:
             self.final_evaluated.set()
         return self._status()
 
+    async def attach(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.AttachReply:
+        """Take a worker's shared-memory segment for its pushes, if it is on this host (``protos/segment``)."""
+        try:
+            req = parse(body, pb.AttachRequest)
+            self._as_worker(ctx, req.worker, "Attach")
+            return self.segments.attach(req, req.worker in self.core.members.registered)
+        except Rejected as r:
+            await self._reject(ctx, "attach", r)
+
     # ---- tensors ----------------------------------------------------------------------------
 
     async def init(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -280,7 +285,7 @@ class ParameterServer:
     async def _push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None = None) -> AsyncIterator[bytes]:
         """A push read from ``ctx`` (streamed), or ``whole`` in one frame (``PushSmall``)."""
         try:
-            p, report, grad = await self._receive_push(ctx, whole)
+            p, report, grad, segment = await self._receive_push(ctx, whole)
         except Rejected as r:
             self._refuse(ctx, "push", r)
             return
@@ -300,11 +305,12 @@ class ParameterServer:
         PUSHES.labels("applied" if o.applied else "dropped").inc()
         reply = pb.PushReply(applied=o.applied, note=o.note, staleness=o.staleness, wait_s=o.wait_s,
                              order=_order(release.order))
-        async for frame in self._send(reply, snapshot, p.worker):
+        async for frame in self._send(reply, snapshot, p.worker, segment):
             yield frame
 
     async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
-                            named: Callable[[pb.PushHeader], None] = lambda h: None) -> tuple[Push, StepReport, np.ndarray]:
+                            named: Callable[[pb.PushHeader], None] = lambda h: None,
+                            ) -> tuple[Push, StepReport, np.ndarray, Segment | None]:
         """Validate a push and read it to the end of its stream; the core sees it only if this returns.
         ``named`` sees the header once it is read (a sharded PS's shard 0 drops a refused push's parts)."""
         timeout_s = None if whole is not None else self.receive_timeout_s  # None: no frames follow
@@ -315,15 +321,18 @@ class ParameterServer:
         self.store.check(h.layout_digest, h.nbytes)
         report = _report(h.stats)
         self.core.check_push(h.worker, h.samples, h.base_version, report, self.clock(), h.session)
+        segment = None
+        if h.shared:  # copied out of the segment by ``fill``, then checked: the worker cannot race it
+            segment, first = self.segments.payload(h.worker, first)
         async with self.store.buffers.receiving(self.receive_timeout_s) as grad:
             if not await fill(PayloadWriter(grad, check_finite=True), first, ctx, timeout_s):
                 raise invalid("non_finite", "gradient has NaN or inf values")
         return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
-                    step=report.step, session=h.session), report, grad
+                    step=report.step, session=h.session), report, grad, segment
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None,
-                    worker: int) -> AsyncIterator[bytes]:
-        """Reply frames: the header, then the version's values (none to a worker told to stop)."""
+                    worker: int, segment: Segment | None = None) -> AsyncIterator[bytes]:
+        """Reply frames: the header, then the values (none if told to stop; into a shared push's ``segment``)."""
         if reply.order.stop and worker >= 0:
             self.told_stop.add(worker)
             if self.told_stop >= set(self.core.members.registered):
@@ -335,6 +344,11 @@ class ParameterServer:
         if self.link is not None and worker >= 0:
             await self.link.outbound.transfer(snapshot.nbytes)
         reply.order.version, reply.nbytes = snapshot.version, snapshot.nbytes
+        if segment is not None and isinstance(reply, pb.PushReply):
+            await write_values(segment, snapshot.achunks())
+            reply.shared = True
+            yield next(encode(reply))
+            return
         async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
             yield frame
 
@@ -360,21 +374,6 @@ class ParameterServer:
         if self.guard is not None:
             authorize_worker(self.guard.admitted(ctx.invocation_metadata()), worker, rpc)
 
-    def count_rejection(self, rpc: str, r: Rejected) -> None:
-        """Count a refused call; the first ``EVENTS_PER_REASON`` of a kind are events, and the PS log gets at
-        most one line per kind every ``LOG_EVERY_S`` (an anonymous caller must not fill the disk)."""
-        kind = f"{rpc}:{r.reason}"
-        self.rec.reject(rpc, r.reason)
-        if rpc == "push":
-            PUSHES.labels("rejected").inc()
-        n = self.rec.rejections[kind]
-        if n <= EVENTS_PER_REASON:
-            self.rec.event(f"{rpc}_rejected", reason=r.reason, message=str(r), version=self.core.version)
-        now, last = self.clock(), self._logged.get(kind)
-        if last is None or now - last >= LOG_EVERY_S:
-            self._logged[kind] = now
-            log.warning("%s rejected (%s): %s [%d of this kind so far]", rpc, r.reason, r, n)
-
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
         return {
@@ -386,6 +385,7 @@ class ParameterServer:
             "Init": grpc.stream_stream_rpc_method_handler(self.init, **raw),
             "Push": grpc.stream_stream_rpc_method_handler(self.push, **raw),
             "PushSmall": grpc.unary_unary_rpc_method_handler(self.push_small, **raw),
+            "Attach": grpc.unary_unary_rpc_method_handler(self.attach, None, pb.AttachReply.SerializeToString),
             "Pull": grpc.unary_stream_rpc_method_handler(self.pull, **raw),
         }
 

@@ -21,6 +21,7 @@ from switchps.auth import Caller
 from switchps.errors import RunDirError, ShardLost
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.partition import Partition, of_layout, part_layout
+from switchps.protos.segment import Segment
 from switchps.ps_server.events import Action, Push, StepReport
 from switchps.ps_server.service import ParameterServer
 from switchps.ps_server.shards import INIT_STEP, Key, Leader, part_key
@@ -93,12 +94,13 @@ class ShardZero(ParameterServer):
         return worker, layout, values
 
     async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
-                            named: Callable[[pb.PushHeader], None] = lambda h: None) -> tuple[Push, StepReport, np.ndarray]:
+                            named: Callable[[pb.PushHeader], None] = lambda h: None,
+                            ) -> tuple[Push, StepReport, np.ndarray, Segment | None]:
         """Part 0 of a push, once every follower has accepted its part; a push refused here or by a
         follower is dropped on every shard."""
         keys: list[Key] = []
         try:
-            p, report, grad = await super()._receive_push(
+            p, report, grad, segment = await super()._receive_push(
                 ctx, whole, lambda h: keys.append((h.worker, h.session, h.stats.step, h.attempt)))
         except BaseException as e:
             if keys:
@@ -112,7 +114,7 @@ class ShardZero(ParameterServer):
             raise
         p.arrived = self.clock()  # the PS has a push once every shard has its part
         self.leader.keys[p.id] = keys[0]
-        return p, report, grad
+        return p, report, grad, segment
 
     def _execute(self, actions: list[Action]) -> None:
         self.leader.forward(actions)

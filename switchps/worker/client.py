@@ -24,6 +24,7 @@ from switchps.protos.codec import (
     DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, tune_allocator,
     whole_frame, whole_limit,
 )
+from switchps.protos.segment import NOT_ATTACHED, Segment, available
 
 SERVICE = "/switchps.ParameterServer/"
 T = TypeVar("T")
@@ -98,6 +99,10 @@ class PSClient:
         self._init = self.channel.stream_stream(SERVICE + "Init", **raw)
         self._push = self.channel.stream_stream(SERVICE + "Push", **raw)
         self._push_small = self.channel.unary_unary(SERVICE + "PushSmall", **raw)
+        self._attach = self.channel.unary_unary(
+            SERVICE + "Attach", pb.AttachRequest.SerializeToString, pb.AttachReply.FromString)
+        self.segment: Segment | None = None
+        """Where pushes go once ``attach`` succeeded (the PS is on this host)."""
         self._pull = self.channel.unary_stream(SERVICE + "Pull", **raw)
         self._parts = {rpc: self.channel.stream_stream(SERVICE + rpc, **raw) for rpc in ("PushPart", "InitPart")}
         self._pull_part = self.channel.unary_stream(SERVICE + "PullPart", **raw)
@@ -123,6 +128,25 @@ class PSClient:
         return self._eval(pb.EvalReport(version=version, test_loss=test_loss, test_accuracy=test_accuracy,
                                         final=final), timeout=self.timeout_s, metadata=self._md)
 
+    def attach(self, worker: int, nbytes: int) -> bool:
+        """Push through a new shared-memory segment from now on if the PS runs on this host
+        (``protos/segment``); returns whether it does. A PS without ``Attach`` counts as another host's."""
+        self.segment = None
+        if not available():
+            return False
+        segment = Segment.create(nbytes)
+        try:
+            request = pb.AttachRequest(worker=worker, name=segment.name, nonce=segment.nonce, nbytes=nbytes)
+            attached = self._attach(request, timeout=self.timeout_s, metadata=self._md).attached
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            attached = False
+        finally:
+            segment.unlink()  # both sides keep their mapping; nothing is left behind
+        self.segment = segment if attached else None
+        return attached
+
     def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
         header = pb.InitHeader(worker=worker, layout_digest=layout.digest, nbytes=values.nbytes)
         frames = self._init(encode_array(header, values, self.chunk_bytes), timeout=self.timeout_s,
@@ -141,11 +165,33 @@ class PSClient:
         """Push a summed gradient; the reply's parameters are written into ``params``. A gradient of at most
         ``codec.whole_limit`` goes as one message each way (``PushSmall``), a larger one as a stream of chunks."""
         header.nbytes = grad_sum.nbytes
+        header.shared = self.segment is not None and self.segment.nbytes == grad_sum.nbytes
+        if header.shared:
+            try:
+                return self._push_shared(header, grad_sum, params)
+            except grpc.RpcError as e:  # the PS restarted between two pushes: it has no segment of ours
+                if e.code() != grpc.StatusCode.FAILED_PRECONDITION or NOT_ATTACHED not in (e.details() or ""):
+                    raise
+                if self.attach(header.worker, grad_sum.nbytes):
+                    return self._push_shared(header, grad_sum, params)
+                header.shared = False
         if grad_sum.nbytes <= whole_limit(self.chunk_bytes):
             reply = self._push_small(whole_frame(header, grad_sum), timeout=self.timeout_s, metadata=self._md)
             return self._read_reply(iter([reply]), params, pb.PushReply)
         frames = encode_array(header, grad_sum, self.chunk_bytes)
         return self._read_reply(self._push(frames, timeout=self.timeout_s, metadata=self._md), params, pb.PushReply)
+
+    def _push_shared(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
+        """A push whose payload and reply values go through ``self.segment``; only the header is sent."""
+        assert self.segment is not None
+        np.copyto(self.segment.grad, grad_sum)
+        frame = self._push_small(next(encode(header)), timeout=self.timeout_s, metadata=self._md)
+        reply, first = decode_header(frame, pb.PushReply)
+        if reply.shared:
+            np.copyto(params, self.segment.values)
+        elif reply.nbytes:
+            receive_into(first, [], params)
+        return Reply(reply, fresh=reply.nbytes > 0)
 
     def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:
         """A follower shard's part of a push (``PushPart``) or of the initial values (``InitPart``); the

@@ -44,6 +44,10 @@ class ShardedClient:
     def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True) -> pb.RegisterReply:
         return self.clients[0].register(worker, layout, partition_size, wait, shard_partition=self.partition.digest)
 
+    def attach(self, worker: int, nbytes: int) -> bool:
+        """Shard 0's part through shared memory if shard 0 is on this host (followers' stay on gRPC)."""
+        return self.clients[0].attach(worker, self.parts[0].nbytes)
+
     def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
         parts = self.partition.split(values)
         key = pb.PartKey(worker=worker, session=0, step=INIT_STEP)

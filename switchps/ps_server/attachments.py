@@ -1,0 +1,50 @@
+"""The shared-memory segments of the workers on the PS's host (``protos/segment.py``), one per worker:
+attaching again (after a restart of either side) replaces it. Used on the event loop only."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from switchps.protos.codec import COPIES
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.segment import NOT_ATTACHED, Segment
+from switchps.refusals import invalid, precondition
+
+
+class Attachments:
+    """Who attached which segment; ``Rejected`` for a request no worker of this PS would make."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._segments: dict[int, Segment] = {}
+
+    def attach(self, req: pb.AttachRequest, registered: bool) -> pb.AttachReply:
+        if not registered:
+            raise invalid("unknown_worker", f"unknown worker id {req.worker}")
+        if req.nbytes > self.max_bytes:
+            raise invalid("size", f"a segment of {req.nbytes} bytes exceeds the model limit")
+        segment = Segment.open(req.name, req.nonce, req.nbytes)
+        if segment is None:
+            return pb.AttachReply(attached=False, note="the segment is not on the PS's host")
+        self._segments[req.worker] = segment
+        return pb.AttachReply(attached=True)
+
+    def payload(self, worker: int, inline: memoryview) -> tuple[Segment, memoryview]:
+        """A shared push's segment and its payload (read by the caller's copy, then checked there)."""
+        segment = self._segments.get(worker)
+        if segment is None:
+            raise precondition("not_attached", f"worker {worker} {NOT_ATTACHED}")
+        if len(inline):
+            raise invalid("size", "a push through a segment carries no bytes of its own")
+        return segment, segment.grad.data.cast("B")
+
+
+async def write_values(segment: Segment, chunks: AsyncIterator[bytes]) -> None:
+    """A version's values, chunk by chunk as they are published, into the segment's values area."""
+    out, pos = segment.values.view(np.uint8), 0
+    async for chunk in chunks:
+        out[pos : pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
+        pos += len(chunk)
+    COPIES.add(pos)

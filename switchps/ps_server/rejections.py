@@ -1,0 +1,42 @@
+"""Refused calls, counted: each one in the run record; the first ``EVENTS_PER_REASON`` of a kind also as
+an event, and the PS log gets at most one line per kind every ``LOG_EVERY_S`` (an anonymous caller must
+not fill the disk)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from prometheus_client import Counter
+
+from switchps.ps_server.records import RunRecorder
+from switchps.refusals import Rejected
+
+PUSHES = Counter("switchps_pushes", "Pushes by outcome", ["outcome"])
+EVENTS_PER_REASON = 100
+"""Rejections of one kind beyond this many are counted but no longer logged as events (a flood of bad
+requests must not fill the disk)."""
+LOG_EVERY_S = 60.0
+"""The PS log gets at most one line per kind of rejection this often."""
+log = logging.getLogger("switchps.ps")
+
+
+class RejectionCounter:
+    """``count(rpc, rejected)``, called on the event loop (the guard and the handlers run there)."""
+
+    def __init__(self, rec: RunRecorder, version: Callable[[], int], clock: Callable[[], float]) -> None:
+        self.rec, self.version, self.clock = rec, version, clock
+        self._logged: dict[str, float] = {}  # kind of rejection -> when a line about it was last logged
+
+    def count(self, rpc: str, r: Rejected) -> None:
+        kind = f"{rpc}:{r.reason}"
+        self.rec.reject(rpc, r.reason)
+        if rpc == "push":
+            PUSHES.labels("rejected").inc()
+        n = self.rec.rejections[kind]
+        if n <= EVENTS_PER_REASON:
+            self.rec.event(f"{rpc}_rejected", reason=r.reason, message=str(r), version=self.version())
+        now, last = self.clock(), self._logged.get(kind)
+        if last is None or now - last >= LOG_EVERY_S:
+            self._logged[kind] = now
+            log.warning("%s rejected (%s): %s [%d of this kind so far]", rpc, r.reason, r, n)
