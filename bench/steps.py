@@ -12,6 +12,8 @@ Prints JSON.
                           [--checkpoint-every-s 5 | --no-checkpoint]
     python bench/steps.py --vs-tf 3      # 3 pairs: switchps as shipped (authenticated, checkpointing) vs TF2 PS
     python bench/steps.py --auth-ab 3    # 3 pairs of runs, authenticated (the default) vs insecure, alternating
+    python bench/steps.py --shm-ab 3     # 3 pairs: pushes through shared memory (the default) vs gRPC bytes
+                          [--no-shared-memory]                # pushes as gRPC bytes, as from another host
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def model_name(dim: int) -> str:
     return f"logreg {dim}->{CLASSES} ({dim * CLASSES + CLASSES:,} parameters)"
 
 
-def run_once(args: argparse.Namespace, insecure: bool = False) -> dict:
-    """One launcher run for ``args.seconds``; its steps/s and the figures behind it."""
+def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True) -> dict:
+    """One launcher run for ``args.seconds``; its steps/s and the figures behind it. ``shared_memory``
+    False: pushes go as gRPC bytes, as from another host."""
     out = tempfile.mkdtemp(prefix="switchps-steps-")
     cfg = parse_config({
         "name": "steps-bench",
@@ -78,6 +81,7 @@ def run_once(args: argparse.Namespace, insecure: bool = False) -> dict:
         "output": {"dir": out},
         "checkpoint": {"every_s": None if args.no_checkpoint else args.checkpoint_every_s},
         "security": {"insecure": insecure},
+        "runtime": {"shared_memory": shared_memory and not args.no_shared_memory},
     })
     run_dir, summary = launch(cfg, quiet=True)
     with (run_dir / "workers.csv").open() as f:
@@ -86,7 +90,8 @@ def run_once(args: argparse.Namespace, insecure: bool = False) -> dict:
     steps_per_s = summary["updates"] / summary["wall_time_s"]
     return {
         "benchmark": "asp_steps", "model": model_name(args.dim), "workers": args.workers,
-        "batch": args.batch, "authenticated": not insecure, "wall_time_s": summary["wall_time_s"],
+        "batch": args.batch, "authenticated": not insecure, "shared_memory": cfg.runtime.shared_memory,
+        "wall_time_s": summary["wall_time_s"],
         "updates": summary["updates"], "steps_per_s": round(steps_per_s, 1),
         "worker_compute_ms": round(1e3 * mean("compute_s"), 3), "worker_round_trip_ms": round(1e3 * mean("send_s"), 3),
         "final_test_accuracy": summary["final_test_accuracy"], "checkpoints": summary["checkpoints"],
@@ -94,15 +99,19 @@ def run_once(args: argparse.Namespace, insecure: bool = False) -> dict:
     }
 
 
-def auth_ab(args: argparse.Namespace) -> dict:
-    """Authenticated and insecure runs alternating, so drift hits both alike; the ratio of medians."""
-    runs: dict[str, list[float]] = {"authenticated": [], "insecure": []}
-    for _ in range(args.auth_ab):
-        for name in runs:
-            runs[name].append(run_once(args, insecure=name == "insecure")["steps_per_s"])
+def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, bool]]) -> dict:
+    """Two arms (``run_once`` keyword arguments) in alternating pairs, ABBA, so drift hits both alike; each
+    pair's ratio (first arm over second) and the ratio of medians."""
+    runs: dict[str, list[float]] = {name: [] for name in arms}
+    for pair in range(pairs):
+        for name in list(arms) if pair % 2 == 0 else list(arms)[::-1]:
+            runs[name].append(run_once(args, **arms[name])["steps_per_s"])
+    first, second = runs.values()
     med = {k: statistics.median(v) for k, v in runs.items()}
-    return {"benchmark": "asp_steps_auth", "seconds_per_run": args.seconds, "steps_per_s": runs,
-            "median_steps_per_s": med, "authenticated_vs_insecure": round(med["authenticated"] / med["insecure"], 3)}
+    return {"model": model_name(args.dim), "workers": args.workers, "seconds_per_run": args.seconds,
+            "steps_per_s": runs, "median_steps_per_s": med,
+            "pair_ratios": [round(a / b, 3) for a, b in zip(first, second)],
+            "ratio_of_medians": round(statistics.median(first) / statistics.median(second), 3)}
 
 
 def ratio_summary(ratios: list[float]) -> dict[str, float]:
@@ -147,6 +156,9 @@ def main() -> None:
     ap.add_argument("--no-checkpoint", action="store_true", help="no checkpoints at all")
     ap.add_argument("--auth-ab", type=int, metavar="PAIRS", help="compare authenticated and insecure runs")
     ap.add_argument("--insecure", action="store_true", help="one run without authentication")
+    ap.add_argument("--no-shared-memory", action="store_true", help="pushes as gRPC bytes, as from another host")
+    ap.add_argument("--shm-ab", type=int, metavar="PAIRS",
+                    help="compare pushes through shared memory with pushes as gRPC bytes")
     ap.add_argument("--vs-tf", type=int, nargs="?", const=3, metavar="PAIRS",
                     help="alternate PAIRS runs of switchps and of TF2 ParameterServerStrategy (default 3)")
     ap.add_argument("--tf-warmup-s", type=float, default=3.0, help="TF's steps before its measured window")
@@ -163,8 +175,14 @@ def main() -> None:
         ap.error("--vs-tf needs at least 1 pair")
     if args.vs_tf:
         out = vs_tf(args)
+    elif args.auth_ab:
+        out = {"benchmark": "asp_steps_authenticated_over_insecure",
+               **alternate(args, args.auth_ab, {"authenticated": {}, "insecure": {"insecure": True}})}
+    elif args.shm_ab:
+        out = {"benchmark": "asp_steps_shared_memory_over_grpc_bytes",
+               **alternate(args, args.shm_ab, {"shared_memory": {}, "grpc_bytes": {"shared_memory": False}})}
     else:
-        out = auth_ab(args) if args.auth_ab else run_once(args, args.insecure)
+        out = run_once(args, args.insecure)
     print(dumps(out, indent=2))
 
 

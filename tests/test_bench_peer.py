@@ -3,6 +3,7 @@ their usage, and their pure parts. No cluster is started and nothing is timed.""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import subprocess
 import sys
@@ -128,3 +129,17 @@ def test_the_shards_transport_benchmark_runs_every_count_and_prints_strict_json(
     (result,) = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))["results"]
     assert set(result["shards"]) == {"1", "2"}
     assert set(result["shards"]["2"]["cpu_s_per_round_trip"]) == {"client", "shard0", "shard1"}
+
+
+def test_alternate_runs_its_two_arms_abba_and_divides_the_first_by_the_second(bench: ModuleType, monkeypatch) -> None:
+    calls: list[dict] = []
+
+    def run_once(args, **kw):
+        calls.append(kw)
+        return {"steps_per_s": 200.0 if kw.get("shared_memory", True) else 100.0}
+
+    monkeypatch.setattr(bench, "run_once", run_once)
+    args = argparse.Namespace(dim=784, workers=2, seconds=1.0)
+    out = bench.alternate(args, 3, {"shared_memory": {}, "grpc_bytes": {"shared_memory": False}})
+    assert calls == [{}, {"shared_memory": False}, {"shared_memory": False}, {}, {}, {"shared_memory": False}]
+    assert out["pair_ratios"] == [2.0, 2.0, 2.0] and out["ratio_of_medians"] == 2.0
