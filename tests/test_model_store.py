@@ -18,7 +18,9 @@ CHUNK = 4096  # bytes = 1024 floats
 
 
 def _store(size: int) -> ModelStore:
-    store = ModelStore(lambda n: make_optimizer("sgd", n, make_schedule("constant", 1.0)), chunk_bytes=CHUNK)
+    """A store that updates a model of at most 64 KiB on the submitting thread (the default is 4 MiB)."""
+    store = ModelStore(lambda n: make_optimizer("sgd", n, make_schedule("constant", 1.0)), chunk_bytes=CHUNK,
+                       inline_bytes=2**16)
     store.initialize(make_layout([("w", (size,))]), np.zeros(size, np.float32))
     return store
 
@@ -74,7 +76,7 @@ def test_update_is_recorded_before_its_last_chunk_is_published():
 
 def test_a_small_models_items_run_on_the_submitting_thread_and_a_large_ones_on_the_applier():
     ran_on: list[str] = []
-    for size in (1000, 20000):  # 4 KB: inline; 80 KB: above INLINE_BYTES
+    for size in (1000, 20000):  # 4 KB: inline; 80 KB: above the store's inline_bytes
         store = _store(size)
         store.join(0, np.ones(size, np.float32))
         snap = store.submit(0, 1, on_applied=lambda lr: ran_on.append(threading.current_thread().name))

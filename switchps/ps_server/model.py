@@ -14,10 +14,13 @@ stream out.
 Concurrency: the store's work (joins, updates, optimizer changes) runs in the
 order it was submitted, one item at a time, under ``_writing``: that item is
 the only writer of ``values``, the sums and the optimizer. An item runs on the
-applier thread, or, for a model of at most ``inline_bytes`` (64 KiB) and with
-nothing queued before it, at once on the submitting thread (the event loop):
-there the thread hand-off and the loop's wake-up cost more than ten times the
-update itself (``bench/profile_step.py``, 7,850 parameters). ``ModelStore.lock``
+applier thread, or, for a model of at most ``inline_bytes`` and with nothing
+queued before it, at once on the submitting thread (the event loop). That is a
+model whose pushes travel as one message (``codec.WHOLE_BYTES``, 4 MiB): its
+reply cannot leave before the update ends anyway, so the applier's overlap buys
+nothing, and the thread hand-off and the loop's wake-up cost more than ten times
+a 7,850-parameter update (``bench/profile_step.py``); at 784k parameters,
+applying on the loop made 1.13-1.15x the steps/s (``bench/steps.py``). ``ModelStore.lock``
 guards ``version`` and the latest snapshot; each ``Snapshot`` has one
 condition, "chunk published", and ``_idle`` is the condition "no item
 pending". Lock order: ``_writing`` before a snapshot's condition or
@@ -38,7 +41,7 @@ from typing import AsyncIterator, Callable, Iterator
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, trim_heap
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, WHOLE_BYTES, trim_heap
 from switchps.protos.layout import trainable_size
 from switchps.refusals import Rejected, invalid, precondition
 from switchps.ps_server.optimizers import Optimizer
@@ -260,7 +263,7 @@ class ModelStore:
     """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 receive_slots: int = 8, inline_bytes: int = INLINE_BYTES) -> None:
+                 receive_slots: int = 8, inline_bytes: int = WHOLE_BYTES) -> None:
         """``inline_bytes``: models up to this size run their items on the submitting thread (see the module
         docstring); 0: always on the applier."""
         self._make_optimizer = make_optimizer
