@@ -9,7 +9,9 @@ payload of the same size back:
 - switchps: a real ASP push (validation, ΣG/Σb apply with SGD, new snapshot)
   whose reply carries the fresh parameters, through ``PSClient``, measured three
   ways: plaintext with no authentication, plaintext with a token on every call
-  (``auth``), and TLS with a token (``tls``, a development CA from ``switchps.certs``).
+  (``auth``), TLS with a token (``tls``, a development CA from ``switchps.certs``), and with a token
+  through a shared-memory segment (``shared_memory``: a worker on the PS's host; only the header is a
+  gRPC message).
 - a serial estimate of a PS's least work: raw tuned grpcio's round trip plus the
   passes over the payload a PS cannot skip (``PS_PASSES``), each timed alone in
   this process (``passes_ms``) and added up; ``switchps_over_estimate`` is how far
@@ -125,9 +127,10 @@ def raw_client(port: int, nbytes: int, chunk_bytes: int, reps: int, tuned: bool)
         return _timed(lambda: sum(len(f) for f in call(iter(chunks))), reps)
 
 
-def bench_switchps(address: str, nbytes: int, worker: int, reps: int,
-                   security: ClientSecurity = ClientSecurity()) -> tuple[list[float], float]:
-    """Seconds per push+pull, and payload bytes copied per byte moved (client side)."""
+def bench_switchps(address: str, nbytes: int, worker: int, reps: int, security: ClientSecurity = ClientSecurity(),
+                   shared: bool = False) -> tuple[list[float], float]:
+    """Seconds per push+pull, and payload bytes copied per byte moved (client side); ``shared``: through a
+    shared-memory segment, as a worker on the PS's host pushes."""
     size = nbytes // 4
     client = PSClient(address, security=security)
     layout = make_layout([(f"w{size}", (size,))])
@@ -136,6 +139,8 @@ def bench_switchps(address: str, nbytes: int, worker: int, reps: int,
         client.init(worker, layout, np.zeros(size, np.float32))
     params = np.empty(size, np.float32)
     version = client.pull(params, worker=worker, wait_initialized=True).order.version
+    if shared and not client.attach(worker, nbytes):
+        raise RuntimeError("the PS did not attach this host's segment")
     grad = np.ones(size, np.float32)
 
     def push() -> None:
@@ -236,7 +241,8 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
     token = auth.token(secret.encode(), "worker", 0)
     clients = {"switchps": (f"127.0.0.1:{ports['ps']}", ClientSecurity()),
                "switchps_auth": (f"127.0.0.1:{ports['auth']}", ClientSecurity(token)),
-               "switchps_tls": (f"localhost:{ports['tls']}", ClientSecurity(token, _tls(tls_dir)))}
+               "switchps_tls": (f"localhost:{ports['tls']}", ClientSecurity(token, _tls(tls_dir))),
+               "switchps_shared_memory": (f"127.0.0.1:{ports['auth']}", ClientSecurity(token))}
     try:
         for address, security in clients.values():
             wait_for_ps(address, 60, security)
@@ -246,7 +252,8 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
             times["raw_default"] += bench_raw(ports["raw"], nbytes, chunk, args.reps, tuned=False)
             times["raw_tuned"] += bench_raw(ports["raw-tuned"], nbytes, chunk, args.reps, tuned=True)
             for name, (address, security) in clients.items():
-                ours, copies[name] = bench_switchps(address, nbytes, 0, args.reps, security)
+                ours, copies[name] = bench_switchps(address, nbytes, 0, args.reps, security,
+                                                    shared=name == "switchps_shared_memory")
                 times[name] += ours
     finally:
         for p in procs:
@@ -264,6 +271,7 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
         "ratio_vs_tuned_grpcio": round(med["raw_tuned"] / med["switchps"], 3),
         "auth_time_ratio": round(med["switchps_auth"] / med["switchps"], 3),
         "tls_time_ratio": round(med["switchps_tls"] / med["switchps"], 3),
+        "shared_memory_ratio_vs_tuned_grpcio": round(med["raw_tuned"] / med["switchps_shared_memory"], 3),
         "client_copies_per_byte": round(copies["switchps"], 3),
         "passes_ms": ms,
         "serial_estimate_ms": round(estimate, 2),
