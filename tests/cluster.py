@@ -46,6 +46,8 @@ class FakeWorker:
                                base_version=self.version if base_version is None else base_version,
                                session=session, stats=pb.StepStats(step=step))
         r = self.client.push(header, np.ascontiguousarray(grad, np.float32), self.params)
+        if r.fresh and r.values is not self.params:  # through shared memory: the values are in the segment
+            self.params[:] = r.values
         self.version = r.order.version
         return r
 

@@ -61,11 +61,17 @@ def no_process_mentions(text: str) -> bool:
 
 @pytest.mark.parametrize("config", ["bsp", "asp", "ssp", "backup", "amb", "fmb", "kasync", "timed"])
 def test_example_config_trains_digits_to_090(tmp_path, config):
-    proc, run_dir = run(tmp_path, str(CONFIGS / f"{config}.yaml"))
+    """Every worker on the PS's host pushes through shared memory, except under BSP here, where the run
+    turns it off and every push goes as gRPC bytes (as from another host)."""
+    shared = config != "bsp"
+    proc, run_dir = run(tmp_path, str(CONFIGS / f"{config}.yaml"), "--set",
+                         f"runtime.shared_memory={str(shared).lower()}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = check_run_dir(run_dir)
     assert summary["final_test_accuracy"] >= 0.90, summary
     assert summary["pushes_rejected"] == 0
+    logs = [f.read_text() for f in sorted((run_dir / "logs").glob("worker-*.log"))]
+    assert logs and all(("pushes through shared memory" in log) == shared for log in logs)
     updates = rows(run_dir / "ps.csv")
     contributors = [len(u["workers"].split(";")) for u in updates]
     if config in ("bsp", "fmb"):

@@ -175,6 +175,7 @@ def test_switchps_run_restarts_a_killed_ps_and_the_workers_ride_it_out(tmp_path,
     assert "ps exited with code -9; restarting it (1 of 3)" in err
     logs = [(run_dir / "logs" / f"worker-{i}.log").read_text() for i in range(3)]
     assert all("unreachable" in log and "is back" in log for log in logs)
+    assert all(log.count("pushes through shared memory") == 2 for log in logs), "attached again on rejoining"
     exported = subprocess.run([SWITCHPS, "export", str(run_dir), "--out", str(tmp_path / "exported.keras")],
                               capture_output=True, text=True, timeout=120)
     assert exported.returncode == 0, exported.stderr[-2000:]

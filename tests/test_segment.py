@@ -100,6 +100,7 @@ def test_a_push_through_the_segment_is_applied_whole_and_its_reply_comes_back_th
     grad = np.arange(1000, dtype=np.float32)
     r = w.push(grad, 1)
     assert r.reply.applied and r.reply.shared and r.fresh and r.order.version == 1
+    assert r.values is w.client.segment.values, "the worker loads the values from the segment, not a copy"
     np.testing.assert_array_equal(c.params, -grad)
     np.testing.assert_array_equal(w.params, -grad)
     assert c.rec.rejections == {}

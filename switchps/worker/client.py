@@ -68,10 +68,12 @@ class Reconnect:
 
 @dataclass
 class Reply:
-    """A push or pull reply; ``params`` were written into the caller's buffer when ``fresh``."""
+    """A push or pull reply; when ``fresh``, the new values are in ``values``: the caller's buffer, or (a
+    push through shared memory) the segment's values area, which only this client's next push rewrites."""
 
     reply: pb.PushReply | pb.PullReply
     fresh: bool
+    values: np.ndarray
 
     @property
     def order(self) -> pb.WorkOrder:
@@ -188,10 +190,10 @@ class PSClient:
         frame = self._push_small(next(encode(header)), timeout=self.timeout_s, metadata=self._md)
         reply, first = decode_header(frame, pb.PushReply)
         if reply.shared:
-            np.copyto(params, self.segment.values)
-        elif reply.nbytes:
+            return Reply(reply, fresh=reply.nbytes > 0, values=self.segment.values)
+        if reply.nbytes:
             receive_into(first, [], params)
-        return Reply(reply, fresh=reply.nbytes > 0)
+        return Reply(reply, fresh=reply.nbytes > 0, values=params)
 
     def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:
         """A follower shard's part of a push (``PushPart``) or of the initial values (``InitPart``); the
@@ -218,7 +220,7 @@ class PSClient:
         reply, first = decode_header(next(frames), kind)
         if reply.nbytes:
             receive_into(first, frames, params)
-        return Reply(reply, fresh=reply.nbytes > 0)
+        return Reply(reply, fresh=reply.nbytes > 0, values=params)
 
 
 def wait_for_ps(address: str, timeout_s: float, security: ClientSecurity = ClientSecurity()) -> None:

@@ -73,8 +73,8 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         reply = retry(lambda: client.push(header, s.grad, params))
         received_at = clock.now()
         send_s, wait_s = received_at - t1, reply.reply.wait_s
-        if reply.fresh:
-            gc.stage(params)  # loaded inside the next step's gradient call, counted in its compute_s
+        if reply.fresh:  # loaded inside the next step's gradient call, counted in its compute_s
+            gc.stage(reply.values)  # params, or the segment's values area: rewritten only by the next push's reply
         order = reply.order
         step += 1
     client.close()

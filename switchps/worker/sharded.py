@@ -64,9 +64,9 @@ class ShardedClient:
         header.layout_digest = self.layouts[0].digest
         reply = _together(lambda: self.clients[0].push(header, np.ascontiguousarray(parts[0]), self.parts[0]),
                           followers)
-        if reply.fresh:
-            self.partition.join(self.parts, out=params)
-        return reply
+        if reply.fresh:  # shard 0's part is in its segment if it came through shared memory
+            self.partition.join([reply.values, *self.parts[1:]], out=params)
+        return Reply(reply.reply, reply.fresh, params)
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
              wait_initialized: bool = False) -> Reply:
