@@ -157,3 +157,23 @@ def test_a_client_attaches_again_when_the_ps_has_forgotten_its_segment(cluster_f
     assert r.reply.applied and r.reply.shared and r.order.version == 1
     assert w.client.segment is not first
     assert c.rec.rejections == {"push:not_attached": 1}
+
+
+def test_a_segment_with_no_room_leaves_no_file_and_the_worker_pushes_as_bytes(cluster_factory, monkeypatch):
+    """/dev/shm too small (a container's is often 64 MB): the space is reserved up front, so the failure is
+    an OSError at creation, not a SIGBUS at the first write; the client stays on gRPC bytes."""
+    import errno
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = set(os.listdir(DIR))
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError):
+        Segment.create(16)
+    assert set(os.listdir(DIR)) == before
+    c = cluster_factory(workers=1, size=1000, protocol={"name": "asp"})
+    w = c.workers[0]
+    assert not w.client.attach(0, 4000) and w.client.segment is None
+    r = w.push(np.ones(1000, np.float32), 1)
+    assert r.reply.applied and not r.reply.shared and r.values is w.params

@@ -57,12 +57,17 @@ class Segment:
 
     @classmethod
     def create(cls, nbytes: int) -> "Segment":
-        """A new segment of this process's (the worker's), its nonce written; ``unlink`` it once attached."""
+        """A new segment of this process's (the worker's), its nonce written; ``unlink`` it once attached.
+        ``OSError`` if ``DIR`` has no room for it: the space is reserved now (a container's /dev/shm is
+        often 64 MB), so that no write into the mapping can fail later (SIGBUS)."""
         name, nonce = f"switchps-{secrets.token_hex(16)}", secrets.token_bytes(NONCE_BYTES)
         fd = os.open(DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            os.ftruncate(fd, HEADER + 2 * nbytes)
+            os.posix_fallocate(fd, 0, HEADER + 2 * nbytes)
             m = mmap.mmap(fd, HEADER + 2 * nbytes)
+        except OSError:
+            os.unlink(DIR / name)
+            raise
         finally:
             os.close(fd)
         m[:NONCE_BYTES] = nonce

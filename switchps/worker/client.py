@@ -136,7 +136,11 @@ class PSClient:
         self.segment = None
         if not available():
             return False
-        segment = Segment.create(nbytes)
+        try:
+            segment = Segment.create(nbytes)
+        except OSError as e:
+            log.warning("no shared-memory segment of %d bytes (%s): pushing as gRPC bytes", 2 * nbytes, e)
+            return False
         try:
             request = pb.AttachRequest(worker=worker, name=segment.name, nonce=segment.nonce, nbytes=nbytes)
             attached = self._attach(request, timeout=self.timeout_s, metadata=self._md).attached
