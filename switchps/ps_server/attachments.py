@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import numpy as np
-
-from switchps.protos.codec import COPIES
+from switchps.protos.codec import PayloadWriter
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.segment import NOT_ATTACHED, Segment
 from switchps.refusals import invalid, precondition
@@ -43,8 +41,7 @@ class Attachments:
 
 async def write_values(segment: Segment, chunks: AsyncIterator[bytes]) -> None:
     """A version's values, chunk by chunk as they are published, into the segment's values area."""
-    out, pos = segment.values.view(np.uint8), 0
+    writer = PayloadWriter(segment.values)
     async for chunk in chunks:
-        out[pos : pos + len(chunk)] = np.frombuffer(chunk, np.uint8)
-        pos += len(chunk)
-    COPIES.add(pos)
+        writer.add(chunk)
+    writer.finish()

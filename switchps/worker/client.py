@@ -21,7 +21,7 @@ from switchps.channels import ClientSecurity
 from switchps.errors import PSUnreachable
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
-    DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, tune_allocator,
+    COPIES, DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, tune_allocator,
     whole_frame, whole_limit,
 )
 from switchps.protos.segment import NOT_ATTACHED, Segment, available
@@ -168,7 +168,8 @@ class PSClient:
                                 pb.PullReply)
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
-        """Push a summed gradient; the reply's parameters are written into ``params``. A gradient of at most
+        """Push a summed gradient; the reply's values are in its ``values`` (``params``, or the attached
+        segment). Through a segment only the header is sent; otherwise a gradient of at most
         ``codec.whole_limit`` goes as one message each way (``PushSmall``), a larger one as a stream of chunks."""
         header.nbytes = grad_sum.nbytes
         header.shared = self.segment is not None and self.segment.nbytes == grad_sum.nbytes
@@ -191,13 +192,9 @@ class PSClient:
         """A push whose payload and reply values go through ``self.segment``; only the header is sent."""
         assert self.segment is not None
         np.copyto(self.segment.grad, grad_sum)
+        COPIES.add(grad_sum.nbytes)
         frame = self._push_small(next(encode(header)), timeout=self.timeout_s, metadata=self._md)
-        reply, first = decode_header(frame, pb.PushReply)
-        if reply.shared:
-            return Reply(reply, fresh=reply.nbytes > 0, values=self.segment.values)
-        if reply.nbytes:
-            receive_into(first, [], params)
-        return Reply(reply, fresh=reply.nbytes > 0, values=params)
+        return self._read_reply(iter([frame]), params, pb.PushReply, self.segment)
 
     def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:
         """A follower shard's part of a push (``PushPart``) or of the initial values (``InitPart``); the
@@ -219,9 +216,12 @@ class PSClient:
         return reply
 
     @staticmethod
-    def _read_reply(frames: Iterator[bytes], params: np.ndarray,
-                    kind: type[pb.PushReply] | type[pb.PullReply]) -> Reply:
+    def _read_reply(frames: Iterator[bytes], params: np.ndarray, kind: type[pb.PushReply] | type[pb.PullReply],
+                    segment: Segment | None = None) -> Reply:
+        """The reply's header, and its values read into ``params`` (left in ``segment`` if the PS put them there)."""
         reply, first = decode_header(next(frames), kind)
+        if segment is not None and isinstance(reply, pb.PushReply) and reply.shared:
+            return Reply(reply, fresh=reply.nbytes > 0, values=segment.values)
         if reply.nbytes:
             receive_into(first, frames, params)
         return Reply(reply, fresh=reply.nbytes > 0, values=params)
