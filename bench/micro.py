@@ -56,7 +56,8 @@ def worker_step(dim: int, steps: int) -> dict:
     y = (np.arange(256) % 10).astype(np.int32)
     gc = GradientComputer(keras.Sequential([keras.Input((dim,)), keras.layers.Dense(10)]), x, y)
     gc.warm_up(32, 32)
-    values = gc.weights.read()
+    values = gc.buffer()  # as the worker's reply buffer (or its segment): TF reads it in place
+    values[:] = gc.weights.read()
 
     def step(i: int) -> None:
         gc.stage(values)

@@ -132,3 +132,63 @@ def test_staged_values_are_loaded_before_the_next_gradient_and_every_read():
     gc.compute(ALL[:64], 64)
     assert not np.array_equal(gc.read()[:gc.weights.trainable_size], start[:gc.weights.trainable_size]), \
         "an assign drops what was staged before it"
+
+
+def test_a_one_call_step_runs_at_the_staged_values_without_touching_the_variables():
+    gc, x, y = _bn_computer()
+    start = gc.weights.read()
+    values = gc.buffer()
+    values[:] = start + np.float32(0.01)
+    gc.stage(values)
+    payload, _ = gc.compute(ALL[:64], 64)
+    np.testing.assert_array_equal(gc.weights.read(), start)  # neither read nor written: the step ran at `values`
+    gc.assign(values)
+    n = gc.weights.trainable_size
+    np.testing.assert_allclose(payload[:n], _reference_sum_gradient(gc, x, y), rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(payload[n:], gc.weights.read()[n:], rtol=1e-6), \
+        "the payload's state is what the training forward pass (the reference's) left"
+    np.testing.assert_array_equal(values, start + np.float32(0.01)), "TF only reads the staged vector"
+
+
+def test_a_one_call_step_advances_the_models_other_state():
+    """Dropout's seed generator is state outside the flat vector: each step draws a new mask."""
+    import keras
+
+    data = load_dataset("digits")
+    keras.utils.set_random_seed(0)
+    x = keras.Input((64,))
+    model = keras.Model(x, keras.layers.Dense(10)(keras.layers.Dropout(0.5)(keras.layers.Dense(16)(x))))
+    gc = GradientComputer(model, data.x_train[:32], data.y_train[:32])
+    values = gc.buffer()
+    values[:] = gc.weights.read()
+    gc.stage(values)
+    first, _ = gc.compute(ALL[:32], 32)
+    second, _ = gc.compute(ALL[:32], 32)
+    assert gc.size == gc.weights.trainable_size and not np.array_equal(first, second)
+
+
+def test_an_aligned_vector_enters_tf_in_place_and_any_other_as_a_copy():
+    from switchps.worker.gradients import _tensor
+
+    gc, _, _ = _computer()
+    aligned = gc.buffer()
+    aligned[:] = np.arange(gc.size)
+    unaligned = np.empty(gc.size + 1, np.float32)[1:]
+    unaligned[:] = aligned
+    assert aligned.ctypes.data % 64 == 0 and unaligned.ctypes.data % 64
+    in_place, copied = _tensor(aligned), _tensor(unaligned)
+    aligned[0] = unaligned[0] = -1
+    assert in_place.numpy()[0] == -1, "the same memory"
+    assert copied.numpy()[0] == 0, "a copy"
+    np.testing.assert_array_equal(copied.numpy()[1:], aligned[1:])
+
+
+def test_a_step_writes_its_payload_where_it_is_sent_from():
+    gc, _, _ = _computer()
+    expected, _ = gc.compute(ALL[:40], 40)
+    area = gc.buffer()
+    gc.payload_to = area
+    for micro in (40, 16):  # one call; micro-batches
+        payload, _ = gc.compute(ALL[:40], micro)
+        assert payload is area
+        np.testing.assert_allclose(area, expected, rtol=2e-4, atol=2e-5)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.codec import ALIGN, COPIES
 from switchps.protos.segment import DIR, HEADER, Segment, available
 from switchps.ps_server.attachments import Attachments
 from switchps.refusals import Rejected
@@ -41,7 +42,11 @@ def test_the_ps_maps_the_workers_segment_and_both_see_the_same_bytes(made):
 
 def test_a_segment_is_the_workers_own_file_only(made):
     assert os.stat(DIR / made.name).st_mode & 0o777 == 0o600
-    assert os.stat(DIR / made.name).st_size == HEADER + 2 * 16
+    assert os.stat(DIR / made.name).st_size == HEADER + 2 * ALIGN, "each 16-byte area padded to a cache line"
+
+
+def test_each_area_starts_on_an_aligned_boundary(made):
+    assert made.grad.ctypes.data % ALIGN == 0 and made.values.ctypes.data % ALIGN == 0
 
 
 @pytest.mark.parametrize("name, nonce, nbytes, what", [
@@ -49,7 +54,7 @@ def test_a_segment_is_the_workers_own_file_only(made):
     ("switchps-" + "0" * 31, None, 16, "named"),
     (None, b"x" * 16, 16, "nonce"),
     (None, b"", 16, "nonce"),
-    (None, None, 32, "-byte file"),
+    (None, None, 80, "-byte file"),
     (None, None, 6, "float32"),
 ])
 def test_a_segment_that_is_not_what_a_worker_makes_is_refused(made, name, nonce, nbytes, what):
@@ -104,6 +109,21 @@ def test_a_push_through_the_segment_is_applied_whole_and_its_reply_comes_back_th
     np.testing.assert_array_equal(c.params, -grad)
     np.testing.assert_array_equal(w.params, -grad)
     assert c.rec.rejections == {}
+
+
+def test_a_payload_written_into_the_segment_is_pushed_without_a_copy(cluster_factory):
+    c = cluster_factory(workers=1, size=1000, protocol={"name": "asp"})
+    w = c.workers[0]
+    assert w.client.payload_area is None, "not attached: nowhere to write a payload ahead"
+    assert w.client.attach(0, 4000) and w.client.payload_area is w.client.segment.grad
+    copied = []
+    for grad in (np.ones(1000, np.float32), w.client.payload_area):
+        grad[:] = 1
+        before = COPIES.bytes_copied
+        assert w.push(grad, 1).reply.applied
+        copied.append(COPIES.bytes_copied - before)
+    assert copied[0] - copied[1] == 4000, "the worker's copy into the segment is skipped, nothing else"
+    np.testing.assert_array_equal(c.params, -2 * np.ones(1000))
 
 
 def test_a_non_finite_gradient_in_the_segment_is_refused_counted_and_changes_nothing(cluster_factory):

@@ -45,8 +45,18 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 TRIM_THRESHOLD = 128 * 1024 * 1024
 # Room for a header (or a Register's layout) beside one chunk in a message the PS receives.
 HEADER_BYTES = 1024 * 1024
+ALIGN = 64
+"""A cache line, and the boundary on which TensorFlow reads a host array in place (``aligned_empty``)."""
 
 M = TypeVar("M", bound=Message)
+
+
+def aligned_empty(size: int) -> np.ndarray:
+    """An uninitialized float32 vector of ``size`` starting on an ``ALIGN``-byte boundary (NumPy's own
+    start on 16): TF takes such a vector as a tensor without copying it (``worker/gradients``)."""
+    raw = np.empty(4 * size + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + 4 * size].view(np.float32)
 
 
 class FrameError(ValueError):

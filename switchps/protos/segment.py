@@ -3,7 +3,8 @@
 A round trip of a 784k-parameter model through gRPC's Python API costs about 2.3 ms of CPU more than
 an empty one (``bench/ceiling.py``); through a segment it costs two copies. The worker makes the
 segment, ``/dev/shm/switchps-<32 hex>`` (its own, mode 0600): ``HEADER`` bytes starting with a random
-nonce, then a gradient area and a values area of ``nbytes`` each. It sends the name and the nonce
+nonce, then a gradient area and a values area of ``nbytes`` each, each starting on an ``ALIGN``-byte
+boundary (so the worker's TF reads the values in place). It sends the name and the nonce
 over its authenticated channel (``Attach``); a PS that can open the file, finds it a regular file of
 its own user of exactly that size and reads the same nonce, uses it for that worker's pushes. The
 worker then removes the name: both keep their mapping, and a crash leaves nothing behind. A PS on
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from switchps.protos.codec import ALIGN
 from switchps.refusals import invalid
 
 DIR = Path("/dev/shm")
@@ -34,6 +36,15 @@ HEADER = 64
 NONCE_BYTES = 16
 NOT_ATTACHED = "has no attached segment"
 """In the PS's refusal of a push through a segment it does not know (after a restart of the PS)."""
+
+
+def file_bytes(nbytes: int) -> int:
+    """The size of a segment whose areas hold ``nbytes`` each: the header, then two aligned areas."""
+    return HEADER + 2 * _area(nbytes)
+
+
+def _area(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 def available() -> bool:
@@ -53,7 +64,7 @@ class Segment:
     def __post_init__(self) -> None:
         n = self.nbytes // 4
         self.grad = np.frombuffer(self._map, np.float32, n, HEADER)
-        self.values = np.frombuffer(self._map, np.float32, n, HEADER + self.nbytes)
+        self.values = np.frombuffer(self._map, np.float32, n, HEADER + _area(self.nbytes))
 
     @classmethod
     def create(cls, nbytes: int) -> "Segment":
@@ -63,8 +74,8 @@ class Segment:
         name, nonce = f"switchps-{secrets.token_hex(16)}", secrets.token_bytes(NONCE_BYTES)
         fd = os.open(DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            os.posix_fallocate(fd, 0, HEADER + 2 * nbytes)
-            m = mmap.mmap(fd, HEADER + 2 * nbytes)
+            os.posix_fallocate(fd, 0, file_bytes(nbytes))
+            m = mmap.mmap(fd, file_bytes(nbytes))
         except OSError:
             os.unlink(DIR / name)
             raise
@@ -89,8 +100,8 @@ class Segment:
             raise invalid("segment", f"segment {name} cannot be opened: {e.strerror}") from None
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != HEADER + 2 * nbytes:
-                raise invalid("segment", f"segment {name} is not a {HEADER + 2 * nbytes}-byte file of the PS's user")
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != file_bytes(nbytes):
+                raise invalid("segment", f"segment {name} is not a {file_bytes(nbytes)}-byte file of the PS's user")
             m = mmap.mmap(fd, st.st_size)
         finally:
             os.close(fd)

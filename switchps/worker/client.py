@@ -24,7 +24,7 @@ from switchps.protos.codec import (
     COPIES, DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, tune_allocator,
     whole_frame, whole_limit,
 )
-from switchps.protos.segment import NOT_ATTACHED, Segment, available
+from switchps.protos.segment import NOT_ATTACHED, Segment, available, file_bytes
 
 SERVICE = "/switchps.ParameterServer/"
 T = TypeVar("T")
@@ -139,7 +139,7 @@ class PSClient:
         try:
             segment = Segment.create(nbytes)
         except OSError as e:
-            log.warning("no shared-memory segment of %d bytes (%s): pushing as gRPC bytes", 2 * nbytes, e)
+            log.warning("no shared-memory segment of %d bytes (%s): pushing as gRPC bytes", file_bytes(nbytes), e)
             return False
         try:
             request = pb.AttachRequest(worker=worker, name=segment.name, nonce=segment.nonce, nbytes=nbytes)
@@ -188,11 +188,18 @@ class PSClient:
         frames = encode_array(header, grad_sum, self.chunk_bytes)
         return self._read_reply(self._push(frames, timeout=self.timeout_s, metadata=self._md), params, pb.PushReply)
 
+    @property
+    def payload_area(self) -> np.ndarray | None:
+        """Where a payload of the attached model's size is sent from without a copy (the segment's gradient
+        area), if any: a computer writes its payload there (``GradientComputer.payload_to``)."""
+        return None if self.segment is None else self.segment.grad
+
     def _push_shared(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """A push whose payload and reply values go through ``self.segment``; only the header is sent."""
         assert self.segment is not None
-        np.copyto(self.segment.grad, grad_sum)
-        COPIES.add(grad_sum.nbytes)
+        if grad_sum.ctypes.data != self.segment.grad.ctypes.data:  # not written there already
+            np.copyto(self.segment.grad, grad_sum)
+            COPIES.add(grad_sum.nbytes)
         frame = self._push_small(next(encode(header)), timeout=self.timeout_s, metadata=self._md)
         return self._read_reply(iter([frame]), params, pb.PushReply, self.segment)
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import secrets
 
-import numpy as np
-
 from switchps.channels import client_security
 from switchps.config import RunConfig
 
@@ -48,7 +46,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     retry = Reconnect(client.address, cfg.cluster.reconnect_s, rejoin=lambda: join(wait=False))
     retry(join)  # a sharded PS answers UNAVAILABLE until its shards have attached
     session = secrets.randbits(31)
-    params = np.empty(gc.size, np.float32)
+    params = gc.buffer()  # TF reads the values a reply leaves here in place (as it does a segment's)
     reply = retry(lambda: client.pull(params, worker=index, wait_initialized=True))
     clock = RealClock()
     received_at = started = clock.now()
@@ -62,6 +60,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     order = reply.order
     while not order.stop:
         delays = stragglers.plan(step, received_at - started)
+        gc.payload_to = client.payload_area  # the step writes its payload where the push sends it from
         s = runner.run(order, received_at, delays)
         _warn_once(warned, index, s, order, stragglers)
         stats = pb.StepStats(step=step, compute_s=s.compute_s, send_s=send_s, wait_s=wait_s, sleep_s=s.sleep_s,

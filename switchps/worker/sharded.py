@@ -31,6 +31,9 @@ INIT_STEP = -1
 class ShardedClient:
     """One ``PSClient`` per shard; see the module docstring. Used from one thread at a time."""
 
+    payload_area = None
+    """A payload is split into the shards' parts first, so none is sent from where it was written."""
+
     def __init__(self, addresses: list[str], layout: pb.Layout, max_bytes: int, chunk_bytes: int,
                  security: ClientSecurity = ClientSecurity(), timeout_s: float | None = None) -> None:
         self.address = addresses[0]

@@ -47,19 +47,26 @@ class FlatWeights:
     def read(self) -> np.ndarray:
         return np.concatenate([np.ravel(v.numpy()) for v in self.variables]).astype(np.float32, copy=False)
 
+    def parts(self, flat: tf.Tensor) -> list[tf.Tensor]:
+        """A flat vector as one tensor per variable (trainable, then state), its slices reshaped: views of
+        ``flat`` wherever TF can keep them so (a 64-byte aligned slice)."""
+        ends = [int(e) for e in np.cumsum(self.sizes)]
+        return [tf.reshape(flat[end - size : end], shape) for end, size, shape in zip(ends, self.sizes, self.shapes)]
+
     def load(self, flat: tf.Tensor) -> None:
         """Assign a flat vector to the variables; for use inside a ``tf.function`` (one call, not one per
         variable)."""
-        for v, part, shape in zip(self.variables, tf.split(flat, self.sizes), self.shapes):
-            v.assign(tf.reshape(part, shape))
+        for v, part in zip(self.variables, self.parts(flat)):
+            v.assign(part)
+
+    def tensor(self) -> tf.Tensor:
+        """The variables' values as one flat tensor (inside a ``tf.function``: read in program order)."""
+        return tf.concat([tf.reshape(v.value, [-1]) for v in self.variables], axis=0)
 
     def assign(self, flat: np.ndarray) -> None:
         """Load a flat vector (trainable then state) into the model's variables."""
         self._assign(tf.convert_to_tensor(flat))
 
-    def state_tensor(self) -> tf.Tensor:
-        """The non-trainable state as one flat tensor (inside a ``tf.function``: read in program order)."""
-        return tf.concat([tf.reshape(v.value, [-1]) for v in self.state] or [tf.zeros([0])], axis=0)
 
 
 def save_keras(model: keras.Model, path: Path) -> Path:
