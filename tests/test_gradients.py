@@ -192,3 +192,13 @@ def test_a_step_writes_its_payload_where_it_is_sent_from():
         payload, _ = gc.compute(ALL[:40], micro)
         assert payload is area
         np.testing.assert_allclose(area, expected, rtol=2e-4, atol=2e-5)
+
+
+def test_limiting_tfs_threads_after_tf_ran_leaves_them_as_they_are():
+    """The simulator prepares TF in-process: a session (or a test) that already ran TF must not break it."""
+    from switchps.worker.setup import configure_threads
+
+    tf.constant(1.0) + 1.0  # TF has run
+    before = tf.config.threading.get_intra_op_parallelism_threads()
+    configure_threads(before + 1, 1)
+    assert tf.config.threading.get_intra_op_parallelism_threads() == before

@@ -19,10 +19,10 @@ The values a push's reply brings are ``stage``d, not assigned: a step of one mic
 statelessly at them (Keras's ``stateless_call``, the flat vector's slices standing for the variables),
 and a vector of ``buffer``'s (64-byte aligned) enters TF in place, through DLPack. So no step copies the
 values, into a tensor or into the variables: at 784k parameters those two 3 MB copies cost a fifth of
-the gradient call alone, and a quarter with two workers at once (``bench/micro.py worker-step``). Such a step's payload ends with the state its forward pass left (BatchNorm's
-moving statistics); the model keeps running at the staged values until the next are staged. Anything
-else that reads or runs the model (micro-batches, ``losses``, ``read``) loads staged values into the
-variables first.
+the gradient call alone, and a quarter with two workers at once (``bench/micro.py worker-step``).
+Such a step's payload ends with the state its forward pass left (BatchNorm's moving statistics); the
+model keeps running at the staged values until the next are staged. Anything else that reads or runs
+the model (micro-batches, ``losses``, ``read``) loads staged values into the variables first.
 """
 
 from __future__ import annotations

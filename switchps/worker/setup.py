@@ -11,9 +11,13 @@ from switchps.worker.models import build_model
 
 
 def configure_threads(intra_op: int, inter_op: int) -> None:
-    """Limit TF's thread pools (must run before TF executes any op)."""
-    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    """Limit TF's thread pools. Only before TF's first op: in a process where TF already ran (the simulator
+    called from a session that used TF), its pools stay as they are."""
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    except RuntimeError:  # "cannot be modified after initialization"
+        pass
 
 
 def prepare(cfg: RunConfig) -> tuple[Dataset, keras.Model]:
