@@ -8,6 +8,11 @@ A step cannot take less CPU than its three unavoidable parts, each measured alon
   client and of the server process together;
 - ``apply``: the PS's SGD update of the model (switchps's own NumPy optimizer).
 With perfect packing on every core, steps/s can be no more than cores / (their sum): ``ceiling_steps_per_s``.
+A worker on the PS's host moves the bytes through shared memory, and its call carries a header only:
+``header_round_trip`` is that call alone (a unary round trip of ``HEADER_ONLY_BYTES`` each way, both
+sides' CPU), and ``ceiling_shared_memory`` puts it in place of ``transport`` (its copies are left out).
+``header_round_trip_unix_socket`` is the same round trip as length-prefixed frames over a Unix socket
+(asyncio's streams serving, a blocking socket calling): what the call would cost outside gRPC.
 Two workers on two cores compute at the same time, and their gradients then share the memory system:
 ``ceiling_two_gradients_at_once`` takes the gradient's CPU from two gradient processes run at once.
 The peer, TF2 ParameterServerStrategy (``bench/tf_ps.py``), runs in the same session, and the JSON says
@@ -21,12 +26,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -38,6 +47,8 @@ from switchps.protos.codec import grpc_options, tune_allocator
 from tf_ps import run_peer
 
 BATCH, CLASSES = 32, 10
+HEADER_ONLY_BYTES = 128
+"""About a push header's size, step stats included."""
 
 
 def gradient_cpu_ms(dim: int, steps: int) -> float:
@@ -86,6 +97,21 @@ def serve_echo(port: int, nbytes: int) -> None:
     asyncio.run(main())
 
 
+def serve_socket_echo(path: str) -> None:
+    """``serve_echo`` over a Unix socket: each length-prefixed frame in is answered with the same frame."""
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readexactly(4)
+                writer.write(head + await reader.readexactly(int.from_bytes(head, "little")))
+
+    async def main() -> None:
+        server = await asyncio.start_unix_server(echo, path)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
 def transport_cpu_ms(nbytes: int, reps: int) -> float:
     """Client and server CPU ms of one unary round trip of ``nbytes`` each way, median of 5 blocks."""
     tune_allocator()
@@ -96,20 +122,47 @@ def transport_cpu_ms(nbytes: int, reps: int) -> float:
         with grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options()) as channel:
             grpc.channel_ready_future(channel).result(timeout=60)
             call = channel.unary_unary("/raw.Echo/Echo", request_serializer=None, response_deserializer=None)
-            proc, blocks = psutil.Process(server.pid), []
-            for _ in range(5):
-                for _ in range(5):
-                    call(request)
-                s0, c0 = proc.cpu_times(), time.process_time()
-                for _ in range(reps):
-                    call(request)
-                s1 = proc.cpu_times()
-                server_s = s1.user + s1.system - s0.user - s0.system
-                blocks.append((time.process_time() - c0 + server_s) / reps * 1e3)
-            return statistics.median(blocks)
+            return _cpu_ms(lambda: call(request), server, reps)
     finally:
         server.kill()
         server.wait()
+
+
+def socket_cpu_ms(nbytes: int, reps: int) -> float:
+    """``transport_cpu_ms`` over a Unix socket, as length-prefixed frames."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "echo.sock")
+        server = subprocess.Popen([sys.executable, __file__, "--serve-socket", path])
+        frame = nbytes.to_bytes(4, "little") + bytes(nbytes)
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                for _ in range(600):  # until the server listens
+                    if s.connect_ex(path) == 0:
+                        break
+                    time.sleep(0.1)
+
+                def call() -> None:
+                    s.sendall(frame)
+                    s.recv(len(frame), socket.MSG_WAITALL)
+                return _cpu_ms(call, server, reps)
+        finally:
+            server.kill()
+            server.wait()
+
+
+def _cpu_ms(call: Callable[[], object], server: subprocess.Popen, reps: int) -> float:
+    """Client and ``server`` CPU ms per ``call``, median of 5 blocks of ``reps``."""
+    proc, blocks = psutil.Process(server.pid), []
+    for _ in range(5):
+        for _ in range(5):
+            call()
+        s0, c0 = proc.cpu_times(), time.process_time()
+        for _ in range(reps):
+            call()
+        s1 = proc.cpu_times()
+        server_s = s1.user + s1.system - s0.user - s0.system
+        blocks.append((time.process_time() - c0 + server_s) / reps * 1e3)
+    return statistics.median(blocks)
 
 
 def apply_cpu_ms(size: int, reps: int) -> float:
@@ -136,24 +189,32 @@ def main() -> None:
     ap.add_argument("--gradient", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-socket", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         return serve_echo(args.serve, args.bytes)
+    if args.serve_socket:
+        return serve_socket_echo(args.serve_socket)
     if args.gradient:
         return print(json.dumps(gradient_cpu_ms(args.dim, args.steps)))
     size = args.dim * CLASSES + CLASSES
     alone, (*two,) = gradients(args, 1), gradients(args, 2)
     ms = {"gradient": alone[0], "transport": transport_cpu_ms(4 * size, 100), "apply": apply_cpu_ms(size, args.steps)}
+    header, unix = transport_cpu_ms(HEADER_ONLY_BYTES, 500), socket_cpu_ms(HEADER_ONLY_BYTES, 5000)  # /proc counts in 10 ms ticks
     cores = os.cpu_count() or 1
     ceiling = cores * 1e3 / sum(ms.values())
+    shared = cores * 1e3 / (sum(ms.values()) - ms["transport"] + header)
     at_once = cores * 1e3 / (sum(ms.values()) - alone[0] + statistics.mean(two))
     peer = run_peer(2, args.seconds, 3.0, args.dim, BATCH, lr=0.05)["steps_per_s"]
     print(dumps({"benchmark": "asp_steps_ceiling", "parameters": size, "cores": cores,
                  "cpu_ms_per_step": {k: round(v, 3) for k, v in ms.items()},
+                 "header_round_trip_cpu_ms": round(header, 3), "header_round_trip_unix_socket_cpu_ms": round(unix, 3),
+                 "ceiling_shared_memory": round(shared, 1),
                  "gradient_cpu_ms_two_at_once": [round(v, 3) for v in two],
                  "ceiling_steps_per_s": round(ceiling, 1), "ceiling_two_gradients_at_once": round(at_once, 1),
                  "tf2_ps_strategy_steps_per_s": peer, "ceiling_over_tf": round(ceiling / peer, 3),
-                 "ceiling_two_gradients_at_once_over_tf": round(at_once / peer, 3), "target": args.target,
+                 "ceiling_two_gradients_at_once_over_tf": round(at_once / peer, 3),
+                 "ceiling_shared_memory_over_tf": round(shared / peer, 3), "target": args.target,
                  "target_under_ceiling": ceiling >= args.target * peer,
                  "target_under_ceiling_two_gradients_at_once": at_once >= args.target * peer}, indent=2))
 
