@@ -139,12 +139,14 @@ class AttachRequest(_message.Message):
     def __init__(self, worker: _Optional[int] = ..., name: _Optional[str] = ..., nonce: _Optional[bytes] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class AttachReply(_message.Message):
-    __slots__ = ("attached", "note")
+    __slots__ = ("attached", "note", "socket")
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_FIELD_NUMBER: _ClassVar[int]
     attached: bool
     note: str
-    def __init__(self, attached: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
+    socket: str
+    def __init__(self, attached: _Optional[bool] = ..., note: _Optional[str] = ..., socket: _Optional[str] = ...) -> None: ...
 
 class PullReply(_message.Message):
     __slots__ = ("order", "nbytes")

@@ -1,5 +1,6 @@
 """The shared-memory segments of the workers on the PS's host (``protos/segment.py``), one per worker:
-attaching again (after a restart of either side) replaces it. Used on the event loop only."""
+attaching again (after a restart of either side) replaces it; and the Unix socket their pushes come
+through (``local_pushes``). Used on the event loop only."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import AsyncIterator
 from switchps.protos.codec import PayloadWriter
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.segment import NOT_ATTACHED, Segment
+from switchps.ps_server.local_pushes import LocalPushes, Pushes
 from switchps.refusals import invalid, precondition
 
 
@@ -17,6 +19,14 @@ class Attachments:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._segments: dict[int, Segment] = {}
+        self.socket = ""
+        """Where attached workers send their pushes instead of gRPC calls ('' if nowhere: ``listen``)."""
+        self._local: LocalPushes | None = None
+
+    def listen(self, ps: Pushes) -> None:
+        """Open ``ps``'s Unix socket for the pushes of attached workers (on the running event loop)."""
+        self._local = LocalPushes.open(ps)  # held here: it holds its serving task
+        self.socket = self._local.path if self._local is not None else ""
 
     def attach(self, req: pb.AttachRequest, registered: bool) -> pb.AttachReply:
         if not registered:
@@ -27,7 +37,7 @@ class Attachments:
         if segment is None:
             return pb.AttachReply(attached=False, note="the segment is not on the PS's host")
         self._segments[req.worker] = segment
-        return pb.AttachReply(attached=True)
+        return pb.AttachReply(attached=True, socket=self.socket)
 
     def payload(self, worker: int, inline: memoryview) -> tuple[Segment, memoryview]:
         """A shared push's segment and its payload (read by the caller's copy, then checked there)."""

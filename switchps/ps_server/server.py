@@ -89,7 +89,9 @@ class Server:
         return self._call(run(), timeout)
 
     def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop."""
+        """Stop serving (in-flight RPCs get ``grace`` seconds), then the loop; again: nothing."""
+        if not self._thread.is_alive():
+            return
         self._call(self._stop(grace))
         self._close_loop()
 

@@ -119,6 +119,7 @@ class ParameterServer:
 
     def on_serving(self) -> None:
         self._note_progress()  # the server is up: publish a restored core's progress, arm its timer
+        self.segments.listen(self)  # the pushes of this host's workers, past gRPC
 
     def _note_progress(self) -> None:
         core = self.core

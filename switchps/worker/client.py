@@ -17,6 +17,7 @@ from typing import TypeVar
 import grpc
 import numpy as np
 
+from switchps.auth import METADATA_KEY
 from switchps.channels import ClientSecurity
 from switchps.errors import PSUnreachable
 from switchps.protos import switchps_pb2 as pb
@@ -25,6 +26,7 @@ from switchps.protos.codec import (
     whole_frame, whole_limit,
 )
 from switchps.protos.segment import NOT_ATTACHED, Segment, available, file_bytes
+from switchps.worker.local_line import LocalLine, LocalRpcError
 
 SERVICE = "/switchps.ParameterServer/"
 T = TypeVar("T")
@@ -105,6 +107,7 @@ class PSClient:
             SERVICE + "Attach", pb.AttachRequest.SerializeToString, pb.AttachReply.FromString)
         self.segment: Segment | None = None
         """Where pushes go once ``attach`` succeeded (the PS is on this host)."""
+        self._line: LocalLine | None = None  # the PS's Unix socket, for the headers of those pushes
         self._pull = self.channel.unary_stream(SERVICE + "Pull", **raw)
         self._parts = {rpc: self.channel.stream_stream(SERVICE + rpc, **raw) for rpc in ("PushPart", "InitPart")}
         self._pull_part = self.channel.unary_stream(SERVICE + "PullPart", **raw)
@@ -113,6 +116,7 @@ class PSClient:
         grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
 
     def close(self) -> None:
+        self._open_line("")
         self.channel.close()
 
     def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True,
@@ -134,6 +138,7 @@ class PSClient:
         """Push through a new shared-memory segment from now on if the PS runs on this host
         (``protos/segment``); returns whether it does. A PS without ``Attach`` counts as another host's."""
         self.segment = None
+        self._open_line("")
         if not available():
             return False
         try:
@@ -143,15 +148,32 @@ class PSClient:
             return False
         try:
             request = pb.AttachRequest(worker=worker, name=segment.name, nonce=segment.nonce, nbytes=nbytes)
-            attached = self._attach(request, timeout=self.timeout_s, metadata=self._md).attached
+            reply = self._attach(request, timeout=self.timeout_s, metadata=self._md)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            attached = False
+            reply = pb.AttachReply(attached=False)
         finally:
             segment.unlink()  # both sides keep their mapping; nothing is left behind
-        self.segment = segment if attached else None
-        return attached
+        self.segment = segment if reply.attached else None
+        self._open_line(reply.socket if reply.attached else "")
+        return reply.attached
+
+    @property
+    def socket_path(self) -> str:
+        """The PS's socket this client's shared pushes go through ('' if none: gRPC calls)."""
+        return self._line.path if self._line is not None else ""
+
+    def _open_line(self, path: str) -> None:
+        """Send the headers of shared pushes through the PS's socket at ``path`` ('': through gRPC calls)."""
+        if self._line is not None:
+            self._line.close()
+        self._line = None
+        if path:
+            try:
+                self._line = LocalLine(path, dict(self._md or ()).get(METADATA_KEY, ""), self.timeout_s)
+            except OSError as e:
+                log.warning("cannot reach the PS's socket %s (%s): pushing through gRPC calls", path, e)
 
     def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
         header = pb.InitHeader(worker=worker, layout_digest=layout.digest, nbytes=values.nbytes)
@@ -200,8 +222,20 @@ class PSClient:
         if grad_sum.ctypes.data != self.segment.grad.ctypes.data:  # not written there already
             np.copyto(self.segment.grad, grad_sum)
             COPIES.add(grad_sum.nbytes)
-        frame = self._push_small(next(encode(header)), timeout=self.timeout_s, metadata=self._md)
+        frame = self._send_shared(next(encode(header)))
         return self._read_reply(iter([frame]), params, pb.PushReply, self.segment)
+
+    def _send_shared(self, request: bytes) -> bytes:
+        """A shared push's request, through the PS's socket if there is one, else a ``PushSmall`` call; its
+        reply. If the socket broke, the push goes through gRPC: a PS that had it recognises it."""
+        if self._line is not None:
+            try:
+                return self._line.push(request)
+            except LocalRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                self._open_line("")
+        return self._push_small(request, timeout=self.timeout_s, metadata=self._md)
 
     def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:
         """A follower shard's part of a push (``PushPart``) or of the initial values (``InitPart``); the

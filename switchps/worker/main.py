@@ -41,7 +41,8 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         if client.register(index, layout, share_size(n, index, workers), wait).send_init:  # the PS has no model yet
             client.init(index, layout, gc.read())
         if cfg.runtime.shared_memory and client.attach(index, gc.size * 4):
-            log.info("worker %d: pushes through shared memory (the PS is on this host)", index)
+            log.info("worker %d: pushes through shared memory (the PS is on this host)%s", index,
+                     ", its headers through the PS's socket" if client.socket_path else "")
 
     retry = Reconnect(client.address, cfg.cluster.reconnect_s, rejoin=lambda: join(wait=False))
     retry(join)  # a sharded PS answers UNAVAILABLE until its shards have attached

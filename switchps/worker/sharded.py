@@ -51,6 +51,11 @@ class ShardedClient:
         """Shard 0's part through shared memory if shard 0 is on this host (followers' stay on gRPC)."""
         return self.clients[0].attach(worker, self.parts[0].nbytes)
 
+    @property
+    def socket_path(self) -> str:
+        """Shard 0's socket, if its part's pushes go through it."""
+        return self.clients[0].socket_path
+
     def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
         parts = self.partition.split(values)
         key = pb.PartKey(worker=worker, session=0, step=INIT_STEP)

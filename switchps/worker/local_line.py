@@ -1,0 +1,70 @@
+"""A worker's end of its PS's Unix socket for pushes (frames: ``protos/local_socket.py``)."""
+
+from __future__ import annotations
+
+import socket
+
+import grpc
+
+from switchps.protos.local_socket import LENGTH, OK, frame, status
+
+
+class LocalRpcError(grpc.RpcError):
+    """A push refused, or cut off, on the socket: a gRPC call's error (``code()``, ``details()``), so that
+    whoever handles those (``Reconnect``, the re-attach after a restart of the PS) handles these too."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class LocalLine:
+    """A connection to the PS's socket, its first frame the worker's token. Used from one thread.
+
+    A connection that fails (the PS went away, no answer within ``timeout_s``) is closed: every push on
+    it from then on is UNAVAILABLE, so the next one is not read against a late answer to this one."""
+
+    def __init__(self, path: str, token: str, timeout_s: float | None) -> None:
+        self.path = path
+        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout_s)
+        try:
+            self._sock.connect("\0" + path[1:] if path.startswith("@") else path)  # @: the abstract namespace
+            self._sock.sendall(frame(token.encode()))
+        except OSError:
+            self.close()
+            raise
+
+    def push(self, body: bytes) -> bytes:
+        """The reply's bytes to a push's (a ``PushSmall`` request's); ``LocalRpcError`` if it has none."""
+        if self._sock is None:
+            raise LocalRpcError(grpc.StatusCode.UNAVAILABLE, "the connection to the PS's socket is closed")
+        try:
+            self._sock.sendall(frame(body))
+            (n,) = LENGTH.unpack(self._read(LENGTH.size))
+            data = self._read(n)
+        except OSError as e:  # a timeout included
+            self.close()
+            raise LocalRpcError(grpc.StatusCode.UNAVAILABLE, f"the PS's socket: {e or type(e).__name__}") from None
+        code = status(data[0]) if data else grpc.StatusCode.UNKNOWN
+        if code.value[0] != OK:
+            raise LocalRpcError(code, data[1:].decode("utf-8", "replace"))
+        return data[1:]
+
+    def _read(self, n: int) -> bytes:
+        assert self._sock is not None
+        data = self._sock.recv(n, socket.MSG_WAITALL)
+        if len(data) < n:
+            raise ConnectionResetError("the PS closed the connection")
+        return data
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
