@@ -42,6 +42,7 @@ from switchps.launcher import launch
 from switchps.worker.client import PSClient
 from steps import data_config  # the sibling benchmark's data (bench/ is on sys.path)
 
+CALL = "client call (the socket or gRPC, until the reply is in)"
 Rule = tuple[str, str, tuple[str, ...]]
 """(bucket, part of a file path, function names or ``Class.`` prefixes): a frame matches if both do (no
 names: any function). A stack goes to the first rule any of its frames matches: order is priority."""
@@ -49,12 +50,13 @@ WORKER_RULES: list[Rule] = [
     ("compute: TF gradient and its copy out", "worker/gradients.py", ("GradientComputer.compute",
                                                                       "GradientComputer.finish")),
     ("compute: sample indices and slice the batch", "worker/steps.py", ("StepRunner._compute", "Sampler.take")),
-    ("client call (gRPC, until the reply is in)", "grpc/", ()),
+    (CALL, "grpc/", ()),
+    (CALL, "worker/local_line.py", ()),
     ("reply decode", "protos/codec.py", ("decode_header", "receive_into", "PayloadWriter.add",
                                          "PayloadWriter.finish", "_frames")),
     ("reply decode", "worker/client.py", ("PSClient._read_reply",)),
     ("encode", "protos/codec.py", ("encode", "_frame0", "array_chunks", "encode_array")),
-    ("client call (gRPC, until the reply is in)", "worker/client.py", ("PSClient.push", "Reconnect.__call__")),
+    (CALL, "worker/client.py", ("PSClient.push", "Reconnect.__call__")),
     ("assign the reply's values to the model", "worker/", ("GradientComputer.assign", "FlatWeights.assign")),
     ("worker loop: step stats, headers, straggler plan", "worker/", ()),
 ]
@@ -89,6 +91,7 @@ PS_RULES: list[Rule] = [
     ("core", "ps_server/service.py", ("ParameterServer._execute", "ParameterServer._note_progress",
                                       "ParameterServer._arm", "ParameterServer._apply", "ParameterServer._fire")),
     ("handler glue (service.py)", "ps_server/service.py", ()),
+    ("handler glue (service.py)", "ps_server/local_pushes.py", ()),  # the socket's frames and replies
     ("gRPC aio and asyncio runtime", "grpc/", ()),
     ("gRPC aio and asyncio runtime", "asyncio/", ()),
 ]
@@ -290,7 +293,7 @@ def summary(t: dict[str, dict[str, float]], evaluator_share: float) -> dict[str,
     return {
         "worker compute (wall)": _sum(w, *(k for k in w if k.startswith("compute"))),
         "encode (wall)": _sum(w, "encode"),
-        "client call (wall)": _sum(w, "client call (gRPC, until the reply is in)"),
+        "client call (wall)": _sum(w, CALL),
         "server receive/decode (PS CPU)": both("server receive/decode"),
         "checks and token verification (PS CPU)": both("checks", "token verification"),
         "core (PS CPU)": both("core", "handler glue (service.py)"),

@@ -97,8 +97,11 @@ class LocalPushes:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             self._same_user(writer.get_extra_info("socket"))
-            metadata = self._admit(await self._frame(reader, self.ps.receive_timeout_s))
-            while (body := await self._frame(reader, None, first=False)) is not None:
+            token = await self._frame(reader, self.ps.receive_timeout_s)
+            if token is None:
+                return  # closed without a word
+            metadata = self._admit(token)
+            while (body := await self._frame(reader, None)) is not None:
                 ctx = LocalContext(metadata)
                 reply = await self.ps.push_small(body, ctx)
                 writer.write(answer(ctx.code, reply if ctx.code == grpc.StatusCode.OK else ctx.details.encode()))
@@ -114,13 +117,13 @@ class LocalPushes:
         finally:
             writer.close()
 
-    async def _frame(self, reader: asyncio.StreamReader, timeout_s: float | None, first: bool = True) -> bytes | None:
+    async def _frame(self, reader: asyncio.StreamReader, timeout_s: float | None) -> bytes | None:
         """The next frame's body (None: the worker closed between frames); ``Rejected`` if it breaks the
         format or (``timeout_s``) does not come in time."""
         try:
             head = await asyncio.wait_for(reader.readexactly(LENGTH.size), timeout_s)
         except asyncio.IncompleteReadError as e:
-            if not e.partial and not first:
+            if not e.partial:
                 return None
             raise Rejected("CANCELLED", "broken_stream", "the connection closed before a whole frame") from None
         except TimeoutError:
@@ -140,7 +143,7 @@ class LocalPushes:
         if uid != self.uid:
             raise Rejected("PERMISSION_DENIED", "other_user", f"a process of user {uid}, not the PS's")
 
-    def _admit(self, token: bytes | None) -> tuple[tuple[str, str], ...]:
+    def _admit(self, token: bytes) -> tuple[tuple[str, str], ...]:
         """The metadata the connection's pushes carry: its token, verified (if the PS has a guard)."""
         metadata = ((METADATA_KEY, token.decode("utf-8", "replace")),) if token else ()
         if self.ps.guard is not None:
