@@ -32,7 +32,8 @@ from google.protobuf.message import DecodeError, Message
 
 from switchps.refusals import Rejected, invalid
 
-_LEN = struct.Struct("<I")
+LENGTH = struct.Struct("<I")
+"""The length prefix of frame 0's header (and of each frame through a PS's Unix socket)."""
 INLINE_BYTES = 64 * 1024
 DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
 # A push this large (or a chunk, if larger) is one message: at 3 MB, streamed 3.6 ms and 4.8 ms of CPU
@@ -91,7 +92,7 @@ def array_chunks(flat: np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> It
 
 def _frame0(header: Message) -> bytes:
     head = header.SerializeToString()
-    return _LEN.pack(len(head)) + head
+    return LENGTH.pack(len(head)) + head
 
 
 def encode(header: Message, chunks: Iterable[bytes] = (), nbytes: int = 0) -> Iterator[bytes]:
@@ -133,17 +134,17 @@ def whole_limit(chunk_bytes: int) -> int:
 
 def decode_header(frame0: bytes, header_type: type[M]) -> tuple[M, memoryview]:
     """Parse frame 0 into its header and the payload bytes inlined after it."""
-    if len(frame0) < _LEN.size:
+    if len(frame0) < LENGTH.size:
         raise FrameError("frame 0 is shorter than its length prefix")
-    (n,) = _LEN.unpack_from(frame0)
-    if _LEN.size + n > len(frame0):
+    (n,) = LENGTH.unpack_from(frame0)
+    if LENGTH.size + n > len(frame0):
         raise FrameError(f"header length {n} exceeds frame 0 ({len(frame0)} bytes)")
     header = header_type()
     try:
-        header.ParseFromString(frame0[_LEN.size : _LEN.size + n])
+        header.ParseFromString(frame0[LENGTH.size : LENGTH.size + n])
     except DecodeError as e:
         raise FrameError(f"header is not a valid {header_type.__name__}: {e}") from None
-    return header, memoryview(frame0)[_LEN.size + n :]
+    return header, memoryview(frame0)[LENGTH.size + n :]
 
 
 class PayloadWriter:

@@ -13,13 +13,10 @@ code's value, 0 for OK), then the ``PushSmall`` reply's bytes (OK) or the error'
 
 from __future__ import annotations
 
-import struct
-
 import grpc
 
-from switchps.protos.codec import HEADER_BYTES
+from switchps.protos.codec import HEADER_BYTES, LENGTH
 
-LENGTH = struct.Struct("<I")
 MAX_FRAME = HEADER_BYTES
 """A push through a segment is a header; a longer frame is refused from its length prefix."""
 OK = grpc.StatusCode.OK.value[0]

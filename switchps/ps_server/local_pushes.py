@@ -125,7 +125,7 @@ class LocalPushes:
         except asyncio.IncompleteReadError as e:
             if not e.partial:
                 return None
-            raise Rejected("CANCELLED", "broken_stream", "the connection closed before a whole frame") from None
+            raise _broken() from None
         except TimeoutError:
             raise Rejected("DEADLINE_EXCEEDED", "idle", f"no frame within {timeout_s:g}s") from None
         (n,) = LENGTH.unpack(head)
@@ -134,7 +134,7 @@ class LocalPushes:
         try:
             return await reader.readexactly(n)
         except asyncio.IncompleteReadError:
-            raise Rejected("CANCELLED", "broken_stream", "the connection closed before a whole frame") from None
+            raise _broken() from None
 
     def _same_user(self, sock: Any) -> None:
         """``Rejected`` (PERMISSION_DENIED) unless the peer runs as the PS's user (its credentials, from
@@ -149,3 +149,7 @@ class LocalPushes:
         if self.ps.guard is not None:
             authorize(self.ps.guard.caller(metadata), "PushSmall")
         return metadata
+
+
+def _broken() -> Rejected:
+    return Rejected("CANCELLED", "broken_stream", "the connection closed before a whole frame")
