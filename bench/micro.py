@@ -48,16 +48,19 @@ def tensorboard(updates: int) -> dict:
 def worker_step(dim: int, steps: int) -> dict:
     import keras
 
+    from switchps.protos.codec import tune_allocator
     from switchps.worker.gradients import GradientComputer
     from switchps.worker.setup import configure_threads
 
     configure_threads(1, 1)  # as a worker runs
+    tune_allocator()  # as a worker's client does
     x = np.random.default_rng(0).random((256, dim), np.float32)
     y = (np.arange(256) % 10).astype(np.int32)
     gc = GradientComputer(keras.Sequential([keras.Input((dim,)), keras.layers.Dense(10)]), x, y)
     gc.warm_up(32, 32)
     values = gc.buffer()  # as the worker's reply buffer (or its segment): TF reads it in place
     values[:] = gc.weights.read()
+    gc.payload_to = gc.buffer()  # as the worker's segment's gradient area
 
     def step(i: int) -> None:
         gc.stage(values)

@@ -174,7 +174,7 @@ class GradientComputer:
         out = np.empty(self.size, np.float32) if self.payload_to is None else self.payload_to
         start = 0
         for part in parts:
-            flat = part.numpy().reshape(-1)
+            flat = np.asarray(memoryview(part)).reshape(-1)  # TF's buffer, read in place (``.numpy()`` copies)
             out[start : start + flat.size] = flat
             start += flat.size
         return out
