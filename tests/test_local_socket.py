@@ -4,7 +4,9 @@ ending the connection where they break the format, changing nothing."""
 
 from __future__ import annotations
 
+import secrets
 import socket
+import threading
 
 import grpc
 import numpy as np
@@ -14,8 +16,10 @@ from switchps import auth
 from switchps.channels import ServerSecurity
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode
-from switchps.protos.local_socket import LENGTH, MAX_FRAME, frame, status
+from switchps.protos.local_socket import LENGTH, MAX_FRAME, answer, frame, status
 from switchps.protos.segment import available
+from switchps.worker.client import PSClient
+from switchps.worker.local_line import LocalRpcError
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 pytestmark = pytest.mark.skipif(not available(), reason="no /dev/shm on this host")
@@ -130,3 +134,38 @@ def test_a_process_of_another_user_is_refused(cluster_factory):
     s.connect(_address(c))  # refused before its first frame is read
     assert _answer(s)[0] == grpc.StatusCode.PERMISSION_DENIED and _closed(s)
     assert c.rec.rejections == {"push:other_user": 1}
+
+
+def test_a_refusal_answered_through_the_socket_is_raised_and_only_a_broken_socket_falls_back_to_grpc():
+    """UNAVAILABLE from the PS itself (a shard's part missing) is its answer: raised, the push not sent again
+    through gRPC (a PS shard would wait for the missing part once more). A broken socket is not an answer."""
+    name = f"switchps-test-{secrets.token_hex(8)}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("\0" + name)
+    server.listen(1)
+    served = threading.Thread(target=_answer_once_then_hang_up, args=(server,), daemon=True)
+    served.start()
+    client = PSClient("127.0.0.1:1", timeout_s=10)  # no gRPC server: a push sent through gRPC fails to connect
+    try:
+        client._open_line("@" + name)
+        with pytest.raises(LocalRpcError) as refused:
+            client._send_shared(b"push")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "no part" in refused.value.details()
+        assert client.socket_path == "@" + name, "the line stays open"
+        with pytest.raises(grpc.RpcError) as resent:
+            client._send_shared(b"push")  # the PS hangs up: the push goes through gRPC
+        assert "connect" in (resent.value.details() or "") and client.socket_path == ""
+    finally:
+        client.close()
+        server.close()
+        served.join(timeout=10)
+
+
+def _answer_once_then_hang_up(server: socket.socket) -> None:
+    conn, _ = server.accept()
+    with conn:
+        for reply in (answer(grpc.StatusCode.UNAVAILABLE, b"PS shard 1 got no part of this push"), None):
+            (n,) = LENGTH.unpack(conn.recv(LENGTH.size, socket.MSG_WAITALL))
+            conn.recv(n, socket.MSG_WAITALL)  # the token, then each push
+            if reply is not None:
+                conn.sendall(reply)

@@ -248,3 +248,15 @@ def test_every_shard_speaks_mutual_tls_and_checks_tokens(tmp_path, make):
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert s.followers[0].rejections["push_part:identity"] == 1, "a follower checks who may push too"
     assert np.isfinite(s.values()).all() and s.ps.core.version == 6
+
+
+def test_a_follower_whose_channel_does_not_connect_in_time_makes_a_registration_unavailable():
+    """Registration waits for each follower's channel (after an outage gRPC would fail a part sent before it
+    reconnects at once, and shard 0 would wait for it); one that does not connect is UNAVAILABLE: retried."""
+    client = PSClient("127.0.0.1:1")  # nothing listens there
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            client.wait_ready(0.2)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "not connected within 0.2s" in e.value.details()
+    finally:
+        client.close()

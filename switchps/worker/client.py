@@ -26,7 +26,7 @@ from switchps.protos.codec import (
     whole_frame, whole_limit,
 )
 from switchps.protos.segment import NOT_ATTACHED, Segment, available, file_bytes
-from switchps.worker.local_line import LocalLine, LocalRpcError
+from switchps.worker.local_line import LineBroken, LocalLine, LocalRpcError
 
 SERVICE = "/switchps.ParameterServer/"
 T = TypeVar("T")
@@ -112,8 +112,14 @@ class PSClient:
         self._parts = {rpc: self.channel.stream_stream(SERVICE + rpc, **raw) for rpc in ("PushPart", "InitPart")}
         self._pull_part = self.channel.unary_stream(SERVICE + "PullPart", **raw)
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+    def wait_ready(self, timeout_s: float) -> None:
+        """Return once the channel has connected (at once, or when gRPC's reconnect backoff after an outage
+        ends); UNAVAILABLE if it has not within ``timeout_s``."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise LocalRpcError(grpc.StatusCode.UNAVAILABLE, f"{self.address}: not connected within {timeout_s:g}s"
+                                ) from None
 
     def close(self) -> None:
         self._open_line("")
@@ -227,13 +233,12 @@ class PSClient:
 
     def _send_shared(self, request: bytes) -> bytes:
         """A shared push's request, through the PS's socket if there is one, else a ``PushSmall`` call; its
-        reply. If the socket broke, the push goes through gRPC: a PS that had it recognises it."""
+        reply. If the socket broke, the push goes through gRPC: a PS that had it recognises it. A refusal
+        the PS answered through the socket (UNAVAILABLE included: a PS shard's part missing) is raised."""
         if self._line is not None:
             try:
                 return self._line.push(request)
-            except LocalRpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
+            except LineBroken:
                 self._open_line("")
         return self._push_small(request, timeout=self.timeout_s, metadata=self._md)
 

@@ -10,8 +10,9 @@ from switchps.protos.local_socket import LENGTH, OK, frame, status
 
 
 class LocalRpcError(grpc.RpcError):
-    """A push refused, or cut off, on the socket: a gRPC call's error (``code()``, ``details()``), so that
-    whoever handles those (``Reconnect``, the re-attach after a restart of the PS) handles these too."""
+    """A failure found on the worker's side of a call (a push refused, or cut off, on the socket; a channel
+    not connected in time) as a gRPC call's error (``code()``, ``details()``), so that whoever handles
+    those (``Reconnect``, the re-attach after a restart of the PS) handles these too."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(f"{code.name}: {details}")
@@ -22,6 +23,14 @@ class LocalRpcError(grpc.RpcError):
 
     def details(self) -> str:
         return self._details
+
+
+class LineBroken(LocalRpcError):
+    """The socket itself failed (closed, the PS gone, no answer within the timeout): UNAVAILABLE, and the
+    connection is closed. Any other ``LocalRpcError`` is the PS's own answer, over a line still open."""
+
+    def __init__(self, details: str) -> None:
+        super().__init__(grpc.StatusCode.UNAVAILABLE, details)
 
 
 class LocalLine:
@@ -44,14 +53,14 @@ class LocalLine:
     def push(self, body: bytes) -> bytes:
         """The reply's bytes to a push's (a ``PushSmall`` request's); ``LocalRpcError`` if it has none."""
         if self._sock is None:
-            raise LocalRpcError(grpc.StatusCode.UNAVAILABLE, "the connection to the PS's socket is closed")
+            raise LineBroken("the connection to the PS's socket is closed")
         try:
             self._sock.sendall(frame(body))
             (n,) = LENGTH.unpack(self._read(LENGTH.size))
             data = self._read(n)
         except OSError as e:  # a timeout included
             self.close()
-            raise LocalRpcError(grpc.StatusCode.UNAVAILABLE, f"the PS's socket: {e or type(e).__name__}") from None
+            raise LineBroken(f"the PS's socket: {e or type(e).__name__}") from None
         code = status(data[0]) if data else grpc.StatusCode.UNKNOWN
         if code.value[0] != OK:
             raise LocalRpcError(code, data[1:].decode("utf-8", "replace"))

@@ -26,6 +26,8 @@ from switchps.worker.client import PSClient, Reply
 T = TypeVar("T")
 INIT_STEP = -1
 """The step in the name of the initial values' parts."""
+FOLLOWER_READY_S = 10.0
+"""How long a registration waits for a follower's channel to connect (then UNAVAILABLE: retried)."""
 
 
 class ShardedClient:
@@ -45,7 +47,13 @@ class ShardedClient:
         self._pool = ThreadPoolExecutor(len(addresses) - 1, thread_name_prefix="switchps-shard")
 
     def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True) -> pb.RegisterReply:
-        return self.clients[0].register(worker, layout, partition_size, wait, shard_partition=self.partition.digest)
+        """Shard 0's registration; it answers once every follower has attached, so each follower is serving,
+        and its channel is waited for here: after an outage, gRPC would fail a part sent before the channel
+        reconnects at once, and shard 0 would wait ``receive_timeout_s`` for it."""
+        reply = self.clients[0].register(worker, layout, partition_size, wait, shard_partition=self.partition.digest)
+        for c in self.clients[1:]:
+            c.wait_ready(FOLLOWER_READY_S)
+        return reply
 
     def attach(self, worker: int, nbytes: int) -> bool:
         """Shard 0's part through shared memory if shard 0 is on this host (followers' stay on gRPC)."""
