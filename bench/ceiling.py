@@ -44,6 +44,7 @@ import psutil
 from switchps.address import free_port
 from switchps.jsonfile import dumps
 from switchps.protos.codec import grpc_options, tune_allocator
+from switchps.protos.local_socket import LENGTH, frame
 from tf_ps import run_peer
 
 BATCH, CLASSES = 32, 10
@@ -98,12 +99,12 @@ def serve_echo(port: int, nbytes: int) -> None:
 
 
 def serve_socket_echo(path: str) -> None:
-    """``serve_echo`` over a Unix socket: each length-prefixed frame in is answered with the same frame."""
+    """``serve_echo`` over a Unix socket: each frame in (``protos/local_socket``) is answered with the same."""
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readexactly(4)
-                writer.write(head + await reader.readexactly(int.from_bytes(head, "little")))
+                (n,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+                writer.write(frame(await reader.readexactly(n)))
 
     async def main() -> None:
         server = await asyncio.start_unix_server(echo, path)
@@ -133,7 +134,7 @@ def socket_cpu_ms(nbytes: int, reps: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "echo.sock")
         server = subprocess.Popen([sys.executable, __file__, "--serve-socket", path])
-        frame = nbytes.to_bytes(4, "little") + bytes(nbytes)
+        request = frame(bytes(nbytes))
         try:
             with socket.socket(socket.AF_UNIX) as s:
                 for _ in range(600):  # until the server listens
@@ -142,8 +143,8 @@ def socket_cpu_ms(nbytes: int, reps: int) -> float:
                     time.sleep(0.1)
 
                 def call() -> None:
-                    s.sendall(frame)
-                    s.recv(len(frame), socket.MSG_WAITALL)
+                    s.sendall(request)
+                    s.recv(len(request), socket.MSG_WAITALL)
                 return _cpu_ms(call, server, reps)
         finally:
             server.kill()

@@ -68,7 +68,6 @@ class FlatWeights:
         self._assign(tf.convert_to_tensor(flat))
 
 
-
 def save_keras(model: keras.Model, path: Path) -> Path:
     """Write ``model`` as a ``.keras`` file atomically: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
