@@ -102,6 +102,7 @@ def test_all_finite_is_exact_even_when_the_fast_sum_overflows():
 
     huge = np.full(1000, 3e38, np.float32)  # finite values whose float32 sum overflows
     assert all_finite(huge)
+    assert all_finite(np.full(1000, 2e19, np.float32))  # finite values whose squares overflow
     for bad in (np.nan, np.inf, -np.inf):
         x = huge.copy()
         x[500] = bad

@@ -191,12 +191,13 @@ def receive_into(first: memoryview, rest: Iterable[bytes], out: np.ndarray, chec
 def all_finite(x: np.ndarray) -> bool:
     """Whether every float32 value is finite, without a full-size temporary.
 
-    A NaN or inf makes the (fast, SIMD) float32 sum non-finite; a finite sum proves
-    all values finite. Only a non-finite sum, which can also be an overflow of huge
-    finite values, needs the exact element-wise check.
+    A NaN or inf makes the sum of squares ``x·x`` non-finite; a finite one proves all values finite.
+    BLAS computes it in one pass, 2.2-3.6x faster than NumPy's pairwise ``sum`` (31 KB to 100 MB,
+    ``bench/transport.py``'s ``ps_finite_check``). Only a non-finite result, which can also be an
+    overflow of finite values above ~1.8e19, needs the exact element-wise check.
     """
     with np.errstate(over="ignore", invalid="ignore"):
-        return bool(math.isfinite(np.sum(x)) or np.isfinite(x).all())
+        return bool(math.isfinite(np.dot(x, x)) or np.isfinite(x).all())
 
 
 def _frames(first: memoryview, rest: Iterable[bytes]) -> Iterator[memoryview | bytes]:
