@@ -38,7 +38,7 @@ from switchps.backends import Child, LocalBackend, RoleSpec
 from switchps.channels import client_security
 from switchps.config import RunConfig, parse_config
 from switchps.jsonfile import dumps
-from switchps.launcher import launch
+from switchps.launcher import launch, local_backend
 from switchps.worker.client import PSClient
 from steps import data_config  # the sibling benchmark's data (bench/ is on sys.path)
 
@@ -162,10 +162,10 @@ class Seen:
 
 
 class WatchingBackend(LocalBackend):
-    """``LocalBackend`` that notes each role's pid."""
+    """``LocalBackend`` that notes each role's pid (roles bound to cores as ``switchps run`` binds them)."""
 
-    def __init__(self, seen: Seen) -> None:
-        super().__init__()
+    def __init__(self, seen: Seen, cfg: RunConfig) -> None:
+        super().__init__(bindings=local_backend(cfg).bindings)
         self.seen = seen
 
     def start(self, role: RoleSpec) -> Child:
@@ -381,7 +381,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     watcher = threading.Thread(target=observe, args=(cfg, seen, args, out, result), daemon=True)
     watcher.start()
-    run_dir, _ = launch(cfg, quiet=True, backend=WatchingBackend(seen))
+    run_dir, _ = launch(cfg, quiet=True, backend=WatchingBackend(seen, cfg))
     watcher.join(60)
     if "clean" not in result:
         raise SystemExit(f"profile_step: no measurement: {result.get('error', 'the run ended first')}")

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from switchps.cpu_binding import ENV as CPU_BINDING_ENV, CpuBinding
+
 
 @dataclass(frozen=True)
 class RoleSpec:
@@ -130,14 +132,20 @@ class LocalBackend:
     """
 
     command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "switchps.cli"])
+    bindings: dict[str, CpuBinding] = field(default_factory=dict)
+    """Cores and niceness by role name (``switchps.cpu_binding``); a role not named here gets neither."""
 
     def start(self, role: RoleSpec) -> Child:
         """Start ``role`` with SIGINT blocked: a Ctrl-C during its imports waits for its handler
-        (``switchps.cli``), and the environment of ``child_env`` (which names the launcher's pid)."""
+        (``switchps.cli``), and the environment of ``child_env`` (which names the launcher's pid), plus
+        the role's CPU binding if it has one."""
         role.log.parent.mkdir(parents=True, exist_ok=True)
+        env = child_env()
+        if role.role in self.bindings:
+            env[CPU_BINDING_ENV] = self.bindings[role.role].to_env()
         with role.log.open("a") as f, sigint_blocked():
             proc = subprocess.Popen([*self.command, *role.args], stdout=f, stderr=subprocess.STDOUT,
-                                    env=child_env(), stdin=subprocess.DEVNULL)
+                                    env=env, stdin=subprocess.DEVNULL)
         return Child(role.role, proc, role.log)
 
 

@@ -31,6 +31,7 @@ from switchps.schema import (
     MAX_BATCH, MAX_SEED, MAX_SHARDS, MAX_SIM_WORKERS, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
 )
 from switchps.policy_config import PolicySpec, SwitchSpec
+from switchps.cpu_binding import CpuBindingSpec
 from switchps.ray_config import RaySpec
 from switchps.security_config import SecuritySpec
 from switchps.straggler_config import StragglerSpec
@@ -313,6 +314,7 @@ class RuntimeSpec(Section):
     shard_max_mb: float = Field(4.0, gt=0, le=2**20)
     """Several PS shards: a variable larger than this is cut into row blocks spread over the shards
     (BytePS's piece size); the partition is the same on every role."""
+    cpu: CpuBindingSpec = Field(default_factory=CpuBindingSpec)
 
     @property
     def chunk_bytes(self) -> int:

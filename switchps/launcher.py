@@ -27,6 +27,7 @@ Before `launch` runs there is no child, and KeyboardInterrupt reaches
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ from switchps.backends import Backend, Handle, LocalBackend, RoleSpec, tail
 from switchps.channels import ClientSecurity, client_security
 from switchps.config import RunConfig
 from switchps.errors import EXIT_SHARD_LOST
+from switchps.cpu_binding import local_bindings
 from switchps.worker.client import PSClient, wait_for_ps
 
 console = Console(stderr=True)
@@ -173,7 +175,7 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
     its latest checkpoint."""
     if not isinstance(cfg.cluster.workers, int):
         raise LaunchError("cluster.workers lists addresses: start each role with `switchps ps|worker` instead")
-    backend = backend or LocalBackend()
+    backend = backend or local_backend(cfg)
     run_dir = resume or _new_run_dir(cfg)
     if resume is not None:  # what a resume may change (`--set`) reaches every role, which reads this file
         (run_dir / "config.yaml").write_text(cfg.dump())
@@ -204,6 +206,14 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
             ctrl_c.check()  # a child that died of the same (group-wide) Ctrl-C is not a failure
             raise
     return run_dir, resources.complete(run_dir)
+
+
+def local_backend(cfg: RunConfig) -> LocalBackend:
+    """Each role a child process of this one, workers and evaluator bound to this host's cores as
+    ``runtime.cpu`` says (``switchps.cpu_binding``)."""
+    r = cfg.runtime
+    return LocalBackend(bindings=local_bindings(cfg.cluster.num_workers, r.intra_op_threads, r.cpu,
+                                                sorted(os.sched_getaffinity(0))))
 
 
 def _follower_roles(cfg: RunConfig, run_dir: Path, leader: str) -> list[RoleSpec]:

@@ -22,6 +22,7 @@ from switchps import EXIT_INTERRUPTED
 from switchps.checks import PREFLIGHT
 from switchps.cluster_env import read_tf_config
 from switchps.config import ConfigError, RunConfig, load_config
+from switchps.cpu_binding import apply_env
 from switchps.jsonfile import dumps
 
 
@@ -93,6 +94,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    _bind_cpu("worker")
     cfg = load_config(args.config, args.set, role="worker", checks=PREFLIGHT)
     index = apply_tf_config(cfg, "worker", args.index)
     cfg.cluster.ps = args.ps or cfg.cluster.ps
@@ -109,6 +111,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluator(args: argparse.Namespace) -> int:
+    _bind_cpu("evaluator")
     cfg = load_config(args.config, args.set, role="evaluator", checks=PREFLIGHT)
     apply_tf_config(cfg, "evaluator", None)
     cfg.cluster.ps = args.ps or cfg.cluster.ps
@@ -117,6 +120,14 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
     _sample_resources("evaluator", args.run_dir)
     run_evaluator(cfg, Path(args.run_dir) if args.run_dir else Path(cfg.output.dir))
     return 0
+
+
+def _bind_cpu(role: str) -> None:
+    """Take the cores and priority the launcher gave this role, before any thread of its own starts."""
+    binding = apply_env()
+    if binding is not None:
+        logging.getLogger("switchps").info("%s bound: cores %s, nice +%d", role, list(binding.cores) or "any",
+                                           binding.nice)
 
 
 def _sample_resources(role: str, run_dir: str | None) -> None:
