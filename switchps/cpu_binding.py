@@ -2,11 +2,10 @@
 
 On one host, the PS's event loop is on every push's path, and the workers compete with it for the
 cores. Measured at 784k parameters, 2 workers on 2 cores: about a fifth of the CPU time sat idle while
-runnable threads queued for a core (``/proc/*/schedstat``), because the kernel moved each worker
-between cores and put a worker the PS had just woken ahead of the PS's own unfinished work. So the
-launcher gives each worker its own block of ``intra_op_threads`` cores when all the blocks fit on the
-cores it may use (no worker then shares a core with another, and its data stays in that core's
-caches), and makes the workers and the evaluator ``worker_nice`` nicer than the PS, so that the PS
+runnable threads queued for a core (``/proc/*/schedstat``); the kernel moves workers between cores, and
+can run a worker the PS has just answered ahead of the PS's own unfinished work. So the launcher gives
+each worker its own block of ``intra_op_threads`` cores when all the blocks fit on the cores it may use
+(no worker then shares a core with another, and its data stays in that core's caches), and makes the workers and the evaluator ``worker_nice`` nicer than the PS, so that the PS
 runs first when both are ready. The PS itself floats at the default priority. Workers that do not fit
 one per block float too: a pinned worker could not move off a core that two workers share.
 
