@@ -5,9 +5,10 @@ cores. Measured at 784k parameters, 2 workers on 2 cores: about a fifth of the C
 runnable threads queued for a core (``/proc/*/schedstat``); the kernel moves workers between cores, and
 can run a worker the PS has just answered ahead of the PS's own unfinished work. So the launcher gives
 each worker its own block of ``intra_op_threads`` cores when all the blocks fit on the cores it may use
-(no worker then shares a core with another, and its data stays in that core's caches), and makes the workers and the evaluator ``worker_nice`` nicer than the PS, so that the PS
-runs first when both are ready. The PS itself floats at the default priority. Workers that do not fit
-one per block float too: a pinned worker could not move off a core that two workers share.
+(no worker then shares a core with another, and its data stays in that core's caches), and makes the
+workers and the evaluator ``worker_nice`` nicer than the PS, so that the PS runs first when both are
+ready. The PS itself floats at the default priority. Workers that do not fit one per block float too:
+a pinned worker could not move off a core that two workers share.
 
 The launcher hands a role its ``CpuBinding`` in the environment (``ENV``, JSON); the role applies it
 first thing (``apply_env``), before it starts a thread: Linux keeps the affinity and the niceness per
