@@ -24,7 +24,7 @@ from switchps.config import ConfigError, RunConfig, load_config
 from switchps.jsonfile import dumps
 from switchps.errors import EXIT_SHARD_LOST, PSUnreachable, RunDirError, ShardLost
 from switchps.resume_rules import refuse_incompatible
-from switchps.role_commands import cmd_evaluator, cmd_ps, cmd_worker, exit_on_sigint, watch_parent
+from switchps.role_commands import bind_cpu, cmd_evaluator, cmd_ps, cmd_worker, exit_on_sigint, watch_parent
 
 if TYPE_CHECKING:
     from switchps.ray_backend import RayBackend
@@ -325,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command in ("ps", "worker", "evaluator", "role"):
+        bind_cpu(args.command)  # first: the threads started below inherit it
         if os.environ.get("SWITCHPS_PARENT_PID"):  # started by `switchps run`
             exit_on_sigint(args.command)
         watch_parent()

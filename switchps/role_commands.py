@@ -94,7 +94,6 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    _bind_cpu("worker")
     cfg = load_config(args.config, args.set, role="worker", checks=PREFLIGHT)
     index = apply_tf_config(cfg, "worker", args.index)
     cfg.cluster.ps = args.ps or cfg.cluster.ps
@@ -111,7 +110,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluator(args: argparse.Namespace) -> int:
-    _bind_cpu("evaluator")
     cfg = load_config(args.config, args.set, role="evaluator", checks=PREFLIGHT)
     apply_tf_config(cfg, "evaluator", None)
     cfg.cluster.ps = args.ps or cfg.cluster.ps
@@ -122,8 +120,9 @@ def cmd_evaluator(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bind_cpu(role: str) -> None:
-    """Take the cores and priority the launcher gave this role, before any thread of its own starts."""
+def bind_cpu(role: str) -> None:
+    """Take the cores and priority the launcher gave this role (``switchps.cpu_binding``); call it before
+    the process starts a thread."""
     binding = apply_env()
     if binding is not None:
         logging.getLogger("switchps").info("%s bound: cores %s, nice +%d", role, list(binding.cores) or "any",

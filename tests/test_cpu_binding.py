@@ -79,3 +79,12 @@ def test_switchps_run_binds_as_the_config_says():
     bindings = local_backend(cfg).bindings
     assert set(bindings) == {"evaluator", *(f"worker-{i}" for i in range(cfg.cluster.num_workers))}
     assert {b.nice for b in bindings.values()} == {2}
+
+
+def test_a_role_command_takes_its_binding_first_thing(tmp_path):
+    core = min(os.sched_getaffinity(0))
+    env = {**os.environ, ENV: CpuBinding((core,), 3).to_env()}
+    command = [sys.executable, "-m", "switchps.cli", "worker", str(tmp_path / "missing.yaml"), "--index", "0"]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert f"worker bound: cores [{core}], nice +3" in out.stderr
