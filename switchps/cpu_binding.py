@@ -51,12 +51,13 @@ class CpuBinding:
     @classmethod
     def from_env(cls, text: str) -> "CpuBinding":
         """``ValueError`` for anything ``to_env`` does not write."""
-        raw = json.loads(text)
-        if not isinstance(raw, dict) or set(raw) != {"cores", "nice"}:
-            raise ValueError(f"{ENV} is not a CPU binding: {text[:80]!r}")
-        cores, nice = raw["cores"], raw["nice"]
-        if not (isinstance(cores, list) and all(type(c) is int and c >= 0 for c in cores)
-                and type(nice) is int and 0 <= nice <= 19):
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            raw = None
+        cores, nice = (raw.get("cores"), raw.get("nice")) if isinstance(raw, dict) else (None, None)
+        if not (isinstance(raw, dict) and set(raw) == {"cores", "nice"} and isinstance(cores, list)
+                and all(type(c) is int and c >= 0 for c in cores) and type(nice) is int and 0 <= nice <= 19):
             raise ValueError(f"{ENV} is not a CPU binding: {text[:80]!r}")
         return cls(tuple(cores), nice)
 
@@ -72,14 +73,14 @@ class CpuBinding:
 
 
 def local_bindings(workers: int, threads: int, spec: CpuBindingSpec,
-                     cores: Sequence[int]) -> dict[str, CpuBinding]:
+                   cores: Sequence[int]) -> dict[str, CpuBinding]:
     """Each role's binding by its name (``worker-<i>``, ``evaluator``; the PS has none), given the
     ``cores`` the launcher may use: worker i gets the i-th block of ``threads`` of them if all
     ``workers`` blocks fit."""
     pin = spec.pin_workers and workers * threads <= len(cores)
     ordered = sorted(cores)
     bindings = {f"worker-{i}": CpuBinding(tuple(ordered[i * threads:(i + 1) * threads]) if pin else (),
-                                           spec.worker_nice) for i in range(workers)}
+                                          spec.worker_nice) for i in range(workers)}
     bindings["evaluator"] = CpuBinding((), spec.worker_nice)
     return bindings
 

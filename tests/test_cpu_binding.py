@@ -36,7 +36,7 @@ def test_workers_that_would_share_a_core_float_and_pinning_can_be_turned_off():
 def test_a_binding_crosses_the_environment_whole_and_anything_else_is_refused():
     b = CpuBinding((0, 3), 7)
     assert CpuBinding.from_env(b.to_env()) == b
-    for bad in ("[]", "{}", '{"cores": [0]}', '{"cores": [-1], "nice": 5}', '{"cores": [0], "nice": 20}',
+    for bad in ("", "{", "[]", "{}", '{"cores": [0]}', '{"cores": [-1], "nice": 5}', '{"cores": [0], "nice": 20}',
                 '{"cores": ["0"], "nice": 5}', '{"cores": [0], "nice": 5, "x": 1}', '{"cores": [0], "nice": true}'):
         with pytest.raises(ValueError, match=ENV):
             CpuBinding.from_env(bad)
