@@ -28,13 +28,15 @@ from pydantic import Field
 from switchps.schema import Section
 
 ENV = "SWITCHPS_CPU_BINDING"
+MAX_NICE = 19
+"""Linux's lowest priority: a process may raise its niceness up to it without privileges."""
 log = logging.getLogger("switchps")
 
 
 class CpuBindingSpec(Section):
     pin_workers: bool = True
     """A one-host run: each worker on ``intra_op_threads`` cores of its own, when all fit (else they float)."""
-    worker_nice: int = Field(5, ge=0, le=19)
+    worker_nice: int = Field(5, ge=0, le=MAX_NICE)
     """A one-host run: workers and the evaluator run this much nicer than the PS (0: the same priority)."""
 
 
@@ -57,7 +59,7 @@ class CpuBinding:
             raw = None
         cores, nice = (raw.get("cores"), raw.get("nice")) if isinstance(raw, dict) else (None, None)
         if not (isinstance(raw, dict) and set(raw) == {"cores", "nice"} and isinstance(cores, list)
-                and all(type(c) is int and c >= 0 for c in cores) and type(nice) is int and 0 <= nice <= 19):
+                and all(type(c) is int and c >= 0 for c in cores) and type(nice) is int and 0 <= nice <= MAX_NICE):
             raise ValueError(f"{ENV} is not a CPU binding: {text[:80]!r}")
         return cls(tuple(cores), nice)
 

@@ -213,7 +213,7 @@ def local_backend(cfg: RunConfig) -> LocalBackend:
     ``runtime.cpu`` says (``switchps.cpu_binding``)."""
     r = cfg.runtime
     return LocalBackend(bindings=local_bindings(cfg.cluster.num_workers, r.intra_op_threads, r.cpu,
-                                                sorted(os.sched_getaffinity(0))))
+                                                list(os.sched_getaffinity(0))))
 
 
 def _follower_roles(cfg: RunConfig, run_dir: Path, leader: str) -> list[RoleSpec]:
