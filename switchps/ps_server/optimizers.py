@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+from scipy.linalg.blas import saxpy
 
 from switchps.ps_server.schedules import LRSchedule, make_schedule
 
@@ -46,6 +47,8 @@ class Optimizer:
     name: ClassVar[str]
     defaults: ClassVar[dict[str, float]]
     first_moments: ClassVar[tuple[str, ...]] = ()
+    folds_scale: ClassVar[bool] = False
+    """``_update`` uses ``g`` only as ``lr * g``: ``grad_scale`` folds into the step size (a pass less)."""
 
     def __init__(self, size: int, schedule: LRSchedule, **hyper: float) -> None:
         if size < 0:
@@ -116,8 +119,9 @@ class Optimizer:
         scratch space; a non-float32 or non-contiguous ``grad`` is copied first.
         The effective rate, ``learning_rate() * lr_factor`` (``lr_factor`` e.g.
         ``1 / (1 + staleness)``), is kept as ``last_lr``; ``iterations`` is incremented
-        afterwards. ``grad_scale`` multiplies the gradient block by block first, so a
-        summed gradient becomes a mean without a separate pass over memory.
+        afterwards. ``grad_scale`` multiplies the gradient block by block first (or folds
+        into the step size, ``folds_scale``), so a summed gradient becomes a mean without a
+        separate pass over memory.
         """
         if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
             raise ValueError(
@@ -129,11 +133,12 @@ class Optimizer:
         if grad.dtype != np.float32 or not grad.flags.c_contiguous or not grad.flags.writeable:
             grad = np.array(grad, dtype=np.float32)
         self.last_lr = lr = self.learning_rate() * lr_factor
-        step_size = self._step_size(_f32(lr))
+        fold = self.folds_scale and grad_scale != 1.0
+        step_size = self._step_size(_f32(lr * grad_scale if fold else lr))
         for start in range(0, self.size, self._block):
             block = slice(start, min(start + self._block, self.size))
             n = block.stop - start
-            if grad_scale != 1.0:
+            if grad_scale != 1.0 and not fold:
                 np.multiply(grad[block], _f32(grad_scale), out=grad[block])
             self._update(params[block], grad[block], self._scratch[:n], step_size, block)
             yield block.stop
@@ -184,6 +189,7 @@ class SGD(Optimizer):
     name = "sgd"
     defaults = {"momentum": 0.0}
     first_moments = ("momentum",)
+    folds_scale = True
     nesterov: ClassVar[bool] = False
 
     def _slots(self) -> dict[str, float]:
@@ -191,10 +197,10 @@ class SGD(Optimizer):
 
     def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, lr: np.float32,
                 block: slice) -> None:
-        np.multiply(g, lr, out=g)
-        if not self.state:
-            np.subtract(p, g, out=p)
+        if not self.state:  # BLAS's p += (-lr) g: one pass, not numpy's two (g *= lr; p -= g)
+            saxpy(g, p, a=-lr)
             return
+        np.multiply(g, lr, out=g)
         mom = _f32(self.hyper["momentum"])
         m = self.state["momentum"][block]
         np.multiply(m, mom, out=m)
