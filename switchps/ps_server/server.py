@@ -9,6 +9,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from threadpoolctl import threadpool_limits
 
 from switchps.channels import ServerSecurity
 from switchps.protos.codec import grpc_options, receive_limit, tune_allocator
@@ -44,6 +45,9 @@ class Server:
 
     def __init__(self, ps: Servable, address: str, security: ServerSecurity = ServerSecurity()) -> None:
         self.ps, self.security = ps, security
+        # the PS's BLAS passes (finiteness check, SGD's axpy) on one thread: with OpenBLAS's threads on
+        # 2 cores, a 100 MB round trip took 120-131 ms against 85-92 (``bench/transport.py``)
+        threadpool_limits(1, user_api="blas")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="switchps-grpc", daemon=True)
         self._thread.start()
