@@ -3,9 +3,10 @@
 The update rules reproduce Keras 3 (``keras.optimizers.SGD``, ``RMSprop``,
 ``Adam``, ``Adagrad``) operation by operation in float32, with the same default
 hyper-parameters, so a parameter server and a Keras model trained with the same
-gradients stay numerically interchangeable. One exception: plain SGD is BLAS's
-axpy, ``p += (-lr) * g`` in one pass, which may round once where Keras rounds
-twice (the tests hold it to Keras within 1e-6).
+gradients stay numerically interchangeable. The exceptions round differently in
+the last bit: plain SGD is BLAS's axpy, ``p += (-lr) * g`` in one pass (one
+rounding where Keras has two), and SGD folds a sum's ``1 / samples`` into its rate
+(``folds_scale``); the tests hold both to Keras within 1e-6.
 
 All updates run in place over blocks of ``BLOCK`` elements, so the per-step
 temporaries (one block-sized scratch buffer plus the gradient itself, which is
