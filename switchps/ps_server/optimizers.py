@@ -136,12 +136,12 @@ class Optimizer:
         if grad.dtype != np.float32 or not grad.flags.c_contiguous or not grad.flags.writeable:
             grad = np.array(grad, dtype=np.float32)
         self.last_lr = lr = self.learning_rate() * lr_factor
-        fold = self.folds_scale and grad_scale != 1.0
-        step_size = self._step_size(_f32(lr * grad_scale if fold else lr))
+        step_size = self._step_size(_f32(lr * grad_scale if self.folds_scale else lr))
+        scale_blocks = grad_scale != 1.0 and not self.folds_scale
         for start in range(0, self.size, self._block):
             block = slice(start, min(start + self._block, self.size))
             n = block.stop - start
-            if grad_scale != 1.0 and not fold:
+            if scale_blocks:
                 np.multiply(grad[block], _f32(grad_scale), out=grad[block])
             self._update(params[block], grad[block], self._scratch[:n], step_size, block)
             yield block.stop
