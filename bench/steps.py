@@ -4,7 +4,8 @@ Runs the real launcher (separate PS, evaluator and worker processes on
 loopback) for a fixed wall time and reads the run record. ``--vs-tf`` measures
 the peer, TF2 ParameterServerStrategy (``bench/tf_ps.py``: same model, data
 shape, batch, learning rate and workers), side by side in the same session:
-runs alternate, each pair's ratio is switchps / TF (> 1: switchps is faster).
+runs alternate, each pair's ratio is switchps / TF (> 1: switchps is faster); their mean's 95 % interval
+says whether a target ratio (``--target``, 2.5) is met, missed, or not told apart.
 Prints JSON.
 
     python bench/steps.py [--seconds 20] [--batch 32] [--workers 2] [--dim 784]
@@ -33,6 +34,7 @@ import numpy as np
 from switchps.config import parse_config
 from switchps.jsonfile import dumps
 from switchps.launcher import launch
+from switchps.studies.stats import estimate
 from tf_ps import run_peer, train_rows
 
 SYNTHETIC_MAX_FEATURES = 10**4
@@ -114,11 +116,22 @@ def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, bo
             "ratio_of_medians": round(statistics.median(first) / statistics.median(second), 3)}
 
 
-def ratio_summary(ratios: list[float]) -> dict[str, float]:
-    """min, median and max of the pairs' ratios."""
+def ratio_summary(ratios: list[float], target: float | None = None) -> dict[str, Any]:
+    """min, median and max of the pairs' ratios, their mean with its 95 % t-interval (``ci95``: None for one
+    pair) and, given a ``target``, whether the interval lies above it ("met"), below it ("not met") or across
+    it ("not significant either way": the pairs cannot tell)."""
     if not ratios:
         raise ValueError("no ratios")
-    return {"min": round(min(ratios), 3), "median": round(statistics.median(ratios), 3), "max": round(max(ratios), 3)}
+    est = estimate(ratios)
+    assert est.mean is not None
+    out: dict[str, Any] = {"min": round(min(ratios), 3), "median": round(statistics.median(ratios), 3),
+                           "max": round(max(ratios), 3), "mean": round(est.mean, 3),
+                           "ci95": None if est.ci95 is None else round(est.ci95, 3)}
+    if target is not None:
+        verdict = ("not significant either way" if not est.excludes(target)
+                   else "met" if est.mean > target else "not met")
+        out["target"] = {"ratio": target, "verdict": verdict}
+    return out
 
 
 def vs_tf(args: argparse.Namespace) -> dict:
@@ -139,7 +152,7 @@ def vs_tf(args: argparse.Namespace) -> dict:
             "batch": args.batch, "seconds_per_run": args.seconds, "tf_warmup_s": args.tf_warmup_s,
             "switchps": {"authenticated": True, "checkpoint_every_s": None if args.no_checkpoint
                          else args.checkpoint_every_s},
-            "steps_per_s": series, "ratio_switchps_over_tf": ratios, "ratio": ratio_summary(ratios), "runs": runs}
+            "steps_per_s": series, "ratio_switchps_over_tf": ratios, "ratio": ratio_summary(ratios, args.target), "runs": runs}
 
 
 _KEPT = ("steps_per_s", "wall_time_s", "window_s", "updates", "steps", "worker_compute_ms", "worker_round_trip_ms",
@@ -161,6 +174,8 @@ def main() -> None:
                     help="compare pushes through shared memory with pushes as gRPC bytes")
     ap.add_argument("--vs-tf", type=int, nargs="?", const=3, metavar="PAIRS",
                     help="alternate PAIRS runs of switchps and of TF2 ParameterServerStrategy (default 3)")
+    ap.add_argument("--target", type=float, default=2.5,
+                    help="with --vs-tf: the ratio the pairs' mean is tested against (95 %% t-interval)")
     ap.add_argument("--tf-warmup-s", type=float, default=3.0, help="TF's steps before its measured window")
     ap.add_argument("--shards", type=int, nargs="+", metavar="S", help="instead: S PS shards each, alternated "
                                                                        "--pairs times (bench/shards.py)")

@@ -36,11 +36,19 @@ def test_help(script: str, flag: str) -> None:
 
 
 def test_ratio_summary(bench: ModuleType) -> None:
-    assert bench.ratio_summary([1.2, 0.8, 1.0]) == {"min": 0.8, "median": 1.0, "max": 1.2}
-    assert bench.ratio_summary([1.5, 0.5]) == {"min": 0.5, "median": 1.0, "max": 1.5}
-    assert bench.ratio_summary([2.0]) == {"min": 2.0, "median": 2.0, "max": 2.0}
+    assert bench.ratio_summary([1.2, 0.8, 1.0]) == {"min": 0.8, "median": 1.0, "max": 1.2, "mean": 1.0,
+                                                    "ci95": 0.497}
+    assert bench.ratio_summary([2.0]) == {"min": 2.0, "median": 2.0, "max": 2.0, "mean": 2.0, "ci95": None}
     with pytest.raises(ValueError):
         bench.ratio_summary([])
+
+
+@pytest.mark.parametrize("ratios,verdict", [([2.7, 2.75, 2.8], "met"), ([2.2, 2.25, 2.3], "not met"),
+                                            ([2.4, 2.5, 2.7], "not significant either way"),
+                                            ([3.0], "not significant either way")])
+def test_ratio_summary_tells_whether_the_pairs_meet_a_target(bench: ModuleType, ratios: list[float],
+                                                             verdict: str) -> None:
+    assert bench.ratio_summary(ratios, target=2.5)["target"] == {"ratio": 2.5, "verdict": verdict}
 
 
 def test_data_of_the_small_model_is_switchps_synthetic_set(bench: ModuleType) -> None:
