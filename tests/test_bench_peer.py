@@ -43,7 +43,7 @@ def test_ratio_summary(bench: ModuleType) -> None:
         bench.ratio_summary([])
 
 
-@pytest.mark.parametrize("ratios,verdict", [([2.7, 2.75, 2.8], "met"), ([2.2, 2.25, 2.3], "not met"),
+@pytest.mark.parametrize("ratios,verdict", [([2.7, 2.75, 2.8], "above"), ([2.2, 2.25, 2.3], "below"),
                                             ([2.4, 2.5, 2.7], "not significant either way"),
                                             ([3.0], "not significant either way")])
 def test_ratio_summary_tells_whether_the_pairs_meet_a_target(bench: ModuleType, ratios: list[float],
@@ -151,3 +151,4 @@ def test_alternate_runs_its_two_arms_abba_and_divides_the_first_by_the_second(be
     out = bench.alternate(args, 3, {"shared_memory": {}, "grpc_bytes": {"shared_memory": False}})
     assert calls == [{}, {"shared_memory": False}, {"shared_memory": False}, {}, {}, {"shared_memory": False}]
     assert out["pair_ratios"] == [2.0, 2.0, 2.0] and out["ratio_of_medians"] == 2.0
+    assert out["ratio"]["target"] == {"ratio": 1.0, "verdict": "above"}  # the same every pair: significant
