@@ -3,9 +3,11 @@
 For each parameter-set size, one round trip sends the payload up and gets a
 payload of the same size back:
 - raw: a grpcio stream-stream call of pre-built bytes chunks, answered with
-  pre-built chunks (no protobuf, no copies, no work), measured twice: as
-  grpcio runs by default ("stock"), and with the allocator tuning switchps
-  applies to itself (``tune_allocator``), which makes raw grpcio faster too.
+  pre-built chunks (no protobuf, no copies, no work), measured three ways: as
+  grpcio runs by default ("stock"), with the allocator tuning switchps
+  applies to itself (``tune_allocator``), which makes raw grpcio faster too, and
+  tuned on grpcio's asyncio server, the kind the PS runs
+  (``tuned_grpcio_asyncio_over_threads``: its time over the thread-pool server's).
 - switchps: a real ASP push (validation, ΣG/Σb apply with SGD, new snapshot)
   whose reply carries the fresh parameters, through ``PSClient``, measured three
   ways: plaintext with no authentication, plaintext with a token on every call
@@ -56,16 +58,48 @@ def serve_raw(port: int, chunk_bytes: int, tuned: bool) -> None:
 
     def echo(frames, ctx):
         n = sum(len(f) for f in frames)
-        if n not in cache:
-            cache[n] = [bytes(min(chunk_bytes, n - i)) for i in range(0, n, chunk_bytes)]
-        yield from cache[n]
+        yield from _reply(cache, n, chunk_bytes)
 
     server = grpc.server(futures.ThreadPoolExecutor(4), options=grpc_options())
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-        "raw.Echo", {"Echo": grpc.stream_stream_rpc_method_handler(echo)})])
+    server.add_generic_rpc_handlers([_echo_handler(echo)])
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     server.wait_for_termination()
+
+
+def serve_raw_aio(port: int, chunk_bytes: int) -> None:
+    """``serve_raw`` (tuned) on grpcio's asyncio server, the kind the PS runs."""
+    import asyncio
+
+    tune_allocator()
+    cache: dict[int, list[bytes]] = {}
+
+    async def echo(frames, ctx):
+        n = 0
+        async for f in frames:
+            n += len(f)
+        for chunk in _reply(cache, n, chunk_bytes):
+            yield chunk
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=grpc_options())
+        server.add_generic_rpc_handlers([_echo_handler(echo)])
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def _reply(cache: dict[int, list[bytes]], n: int, chunk_bytes: int) -> list[bytes]:
+    """Pre-built chunks of ``n`` bytes in all (built once per size)."""
+    if n not in cache:
+        cache[n] = [bytes(min(chunk_bytes, n - i)) for i in range(0, n, chunk_bytes)]
+    return cache[n]
+
+
+def _echo_handler(echo) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler("raw.Echo", {"Echo": grpc.stream_stream_rpc_method_handler(echo)})
 
 
 PS_CONFIG = {"cluster": {"workers": 1}, "protocol": {"name": "asp"},
@@ -200,7 +234,7 @@ def main() -> None:
     ap.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / 2**20)
     ap.add_argument("--shards", type=int, nargs="+", metavar="S",
                     help="instead: round trips through S PS shards each, side by side (bench/shards.py)")
-    ap.add_argument("--serve", choices=["raw", "raw-tuned", "ps"], help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=["raw", "raw-tuned", "raw-aio", "ps"], help=argparse.SUPPRESS)
     ap.add_argument("--client-raw", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tuned", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -212,6 +246,8 @@ def main() -> None:
         return print(dumps(raw_client(args.port, args.bytes, chunk, args.reps, args.tuned)))
     if args.serve in ("raw", "raw-tuned"):
         return serve_raw(args.port, chunk, tuned=args.serve == "raw-tuned")
+    if args.serve == "raw-aio":
+        return serve_raw_aio(args.port, chunk)
     if args.serve == "ps":
         return serve_ps(args.port, args.tls_dir)
     if args.shards:
@@ -234,9 +270,9 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
     nbytes = int(mb * 2**20) // 4 * 4
     secret, tls_dir = auth.new_secret(), tempfile.mkdtemp(prefix="switchps-bench-tls-")
     write_dir(Path(tls_dir), [])
-    ports = {k: free_port() for k in ("raw", "raw-tuned", "ps", "auth", "tls")}
+    ports = {k: free_port() for k in ("raw", "raw-tuned", "raw-aio", "ps", "auth", "tls")}
     procs = [_spawn("--serve", k, "--port", str(ports[k]), "--chunk-mb", str(args.chunk_mb))
-             for k in ("raw", "raw-tuned")]
+             for k in ("raw", "raw-tuned", "raw-aio")]
     procs += [_spawn("--serve", "ps", "--port", str(ports["ps"])),
               _spawn("--serve", "ps", "--port", str(ports["auth"]), secret=secret),
               _spawn("--serve", "ps", "--port", str(ports["tls"]), "--tls-dir", tls_dir, secret=secret)]
@@ -248,11 +284,12 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
     try:
         for address, security in clients.values():
             wait_for_ps(address, 60, security)
-        times: dict[str, list[float]] = {k: [] for k in ("raw_default", "raw_tuned", *clients)}
+        times: dict[str, list[float]] = {k: [] for k in ("raw_default", "raw_tuned", "raw_aio_tuned", *clients)}
         copies: dict[str, float] = {}
         for _ in range(args.blocks):  # alternate, so drift on a noisy machine hits every variant alike
             times["raw_default"] += bench_raw(ports["raw"], nbytes, chunk, args.reps, tuned=False)
             times["raw_tuned"] += bench_raw(ports["raw-tuned"], nbytes, chunk, args.reps, tuned=True)
+            times["raw_aio_tuned"] += bench_raw(ports["raw-aio"], nbytes, chunk, args.reps, tuned=True)
             for name, (address, security) in clients.items():
                 ours, copies[name] = bench_switchps(address, nbytes, 0, args.reps, security,
                                                     shared=name == "switchps_shared_memory")
@@ -271,6 +308,7 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
         **{f"{k}_median_ms": round(v * 1e3, 2) for k, v in med.items()},
         "ratio_vs_stock_grpcio": round(med["raw_default"] / med["switchps"], 3),
         "ratio_vs_tuned_grpcio": round(med["raw_tuned"] / med["switchps"], 3),
+        "tuned_grpcio_asyncio_over_threads": round(med["raw_aio_tuned"] / med["raw_tuned"], 3),
         "auth_time_ratio": round(med["switchps_auth"] / med["switchps"], 3),
         "tls_time_ratio": round(med["switchps_tls"] / med["switchps"], 3),
         "shared_memory_ratio_vs_tuned_grpcio": round(med["raw_tuned"] / med["switchps_shared_memory"], 3),
