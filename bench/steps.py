@@ -154,7 +154,8 @@ def vs_tf(args: argparse.Namespace) -> dict:
             "batch": args.batch, "seconds_per_run": args.seconds, "tf_warmup_s": args.tf_warmup_s,
             "switchps": {"authenticated": True, "checkpoint_every_s": None if args.no_checkpoint
                          else args.checkpoint_every_s},
-            "steps_per_s": series, "ratio_switchps_over_tf": ratios, "ratio": ratio_summary(ratios, args.target), "runs": runs}
+            "steps_per_s": series, "ratio_switchps_over_tf": ratios, "ratio": ratio_summary(ratios, args.target),
+            "runs": runs}
 
 
 _KEPT = ("steps_per_s", "wall_time_s", "window_s", "updates", "steps", "worker_compute_ms", "worker_round_trip_ms",

@@ -152,3 +152,25 @@ def test_alternate_runs_its_two_arms_abba_and_divides_the_first_by_the_second(be
     assert calls == [{}, {"shared_memory": False}, {"shared_memory": False}, {}, {}, {"shared_memory": False}]
     assert out["pair_ratios"] == [2.0, 2.0, 2.0] and out["ratio_of_medians"] == 2.0
     assert out["ratio"]["target"] == {"ratio": 1.0, "verdict": "above"}  # the same every pair: significant
+
+
+def test_vs_tf_alternates_switchps_and_tf_and_tests_the_ratio_against_the_target(bench: ModuleType,
+                                                                                monkeypatch) -> None:
+    order: list[str] = []
+
+    def run_once(args):
+        order.append("switchps")
+        return {"steps_per_s": 300.0}
+
+    def run_peer(workers, seconds, warmup_s, dim, batch, lr):
+        order.append("tf")
+        return {"steps_per_s": 100.0}
+
+    monkeypatch.setattr(bench, "run_once", run_once)
+    monkeypatch.setattr(bench, "run_peer", run_peer)
+    args = argparse.Namespace(vs_tf=2, dim=784, workers=2, batch=32, seconds=1.0, tf_warmup_s=0.0,
+                              no_checkpoint=False, checkpoint_every_s=30.0, target=3.5)
+    out = bench.vs_tf(args)
+    assert order == ["switchps", "tf", "tf", "switchps"]
+    assert out["ratio_switchps_over_tf"] == [3.0, 3.0]
+    assert out["ratio"]["target"] == {"ratio": 3.5, "verdict": "below"}
