@@ -169,7 +169,7 @@ def _cpu_ms(call: Callable[[], object], server: subprocess.Popen, reps: int) -> 
 def apply_cpu_ms(size: int, reps: int) -> float:
     """CPU ms of the PS's SGD update of ``size`` parameters."""
     from switchps.config import parse_config
-    from switchps.ps_server.model import apply_update
+    from switchps.ps_server.optimizers import apply_update
     from switchps.ps_server.optimizers import optimizer_factory
 
     spec = parse_config({"cluster": {"workers": 1}, "optimizer": {"name": "sgd", "learning_rate": 0.05}}).optimizer

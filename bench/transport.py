@@ -197,14 +197,15 @@ def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
     frames, and the client's copy out of the reply into its parameters."""
     from switchps.config import parse_config
     from switchps.protos.codec import all_finite, array_chunks, receive_into, whole_frame, whole_limit
-    from switchps.ps_server.model import Snapshot, apply_update
+    from switchps.ps_server.model import Snapshot
+    from switchps.ps_server.optimizers import apply_update
     from switchps.ps_server.optimizers import optimizer_factory
 
     tune_allocator()  # as the client and the PS run
     size = nbytes // 4
     grad, buf, values, out = (np.ones(size, np.float32) for _ in range(4))
     optimizer = optimizer_factory(parse_config(PS_CONFIG).optimizer)(size)
-    frames = Snapshot.of(1, values, chunk_bytes).chunks
+    frames = list(array_chunks(values, chunk_bytes))
     encode = (lambda: whole_frame(pb.PushHeader(), grad)) if nbytes <= whole_limit(chunk_bytes) else \
         (lambda: list(array_chunks(grad, chunk_bytes)))
     steps = {
@@ -213,7 +214,7 @@ def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
         "ps_finite_check": lambda: all_finite(buf),
         "ps_apply": lambda: list(apply_update(optimizer, values, size, buf, 1, 1)),
         "ps_snapshot": lambda: Snapshot.of(1, values, chunk_bytes),
-        "client_copy_out": lambda: receive_into(memoryview(b""), frames(), out),
+        "client_copy_out": lambda: receive_into(memoryview(b""), frames, out),
     }
     with threadpool_limits(1, user_api="blas"):  # as the PS runs its BLAS passes (``ps_server.server``)
         return {k: round(statistics.median(_timed(fn, reps)) * 1e3, 3) for k, fn in steps.items()}

@@ -1,20 +1,39 @@
 """The model store: one writer at a time (the applier, or the submitting thread for a small model), snapshots
-published chunk by chunk while the apply runs."""
+published chunk by chunk while the apply runs, or deferred until the next update for a small model."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from switchps.protos.codec import COPIES
 from switchps.protos.layout import make_layout
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.optimizers import make_optimizer
 from switchps.ps_server.schedules import make_schedule
 
 CHUNK = 4096  # bytes = 1024 floats
+
+
+def _chunks(snap: Snapshot, got: list[bytes] | None = None) -> list[bytes]:
+    """A snapshot's chunks, read as the PS's handlers read them (on an event loop of this thread's own),
+    each appended to ``got`` as it comes."""
+    got = [] if got is None else got
+
+    async def read() -> None:
+        async for chunk in snap.achunks():
+            got.append(chunk)
+    asyncio.run(read())
+    return got
+
+
+def _values(snap: Snapshot) -> np.ndarray:
+    return np.frombuffer(b"".join(_chunks(snap)), np.float32)
 
 
 def _store(size: int) -> ModelStore:
@@ -29,7 +48,7 @@ def test_snapshot_readers_wait_for_each_chunk_in_order():
     flat = np.arange(20000, dtype=np.float32)  # 80 KB: streamed in 20 chunks
     snap = Snapshot(1, flat.nbytes, CHUNK)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.extend(snap.chunks()))
+    reader = threading.Thread(target=_chunks, args=(snap, got))
     reader.start()
     snap.publish_until(flat, 1500)  # only the first chunk (elements 0..1023) is whole
     time.sleep(0.2)
@@ -43,7 +62,7 @@ def test_failed_update_is_raised_to_readers():
     snap = Snapshot(3, 8192, CHUNK)
     snap.fail(ValueError("boom"))
     with pytest.raises(RuntimeError, match="version 3"):
-        list(snap.chunks())
+        _chunks(snap)
 
 
 def test_submit_reserves_versions_in_order_and_applies_all():
@@ -53,10 +72,10 @@ def test_submit_reserves_versions_in_order_and_applies_all():
         store.join(i, np.full(5000, 2.0, np.float32))
     snaps = [store.submit(i, 2, on_applied=applied.append) for i in range(5)]
     assert [s.version for s in snaps] == [1, 2, 3, 4, 5] and store.version == 5
-    last = b"".join(snaps[-1].chunks())
+    last = _values(snaps[-1])
     assert store.wait_idle(5)
-    np.testing.assert_array_equal(np.frombuffer(last, np.float32), np.full(5000, -5.0))
-    np.testing.assert_array_equal(np.frombuffer(b"".join(snaps[1].chunks()), np.float32), np.full(5000, -2.0))
+    np.testing.assert_array_equal(last, np.full(5000, -5.0))
+    np.testing.assert_array_equal(_values(snaps[1]), np.full(5000, -2.0))
     assert applied == [1.0] * 5
 
 
@@ -70,7 +89,7 @@ def test_update_is_recorded_before_its_last_chunk_is_published():
 
     store.join(0, np.ones(20000, np.float32))
     holder["snap"] = store.submit(0, 1, on_applied=on_applied)
-    list(holder["snap"].chunks())
+    _chunks(holder["snap"])
     assert seen_complete_at_record == [19]  # 20 chunks in all: the last waits for the record
 
 
@@ -81,7 +100,7 @@ def test_a_small_models_items_run_on_the_submitting_thread_and_a_large_ones_on_t
         store.join(0, np.ones(size, np.float32))
         snap = store.submit(0, 1, on_applied=lambda lr: ran_on.append(threading.current_thread().name))
         assert store.wait_idle(5)
-        np.testing.assert_array_equal(np.frombuffer(b"".join(snap.chunks()), np.float32), np.full(size, -1.0))
+        np.testing.assert_array_equal(_values(snap), np.full(size, -1.0))
     assert ran_on == [threading.current_thread().name, "switchps-applier"]
 
 
@@ -97,4 +116,53 @@ def test_a_small_models_item_never_overtakes_one_queued_before_it():
     assert order == [], "queued behind the held item, not run on this thread"
     release.set()
     assert store.wait_idle(5) and order == ["control", "update"]
-    np.testing.assert_array_equal(np.frombuffer(b"".join(snap.chunks()), np.float32), np.full(1000, -1.0))
+    np.testing.assert_array_equal(_values(snap), np.full(1000, -1.0))
+
+
+def _update(store: ModelStore, size: int, version: int) -> Snapshot:
+    """Submit an update of ``size`` gradient ones (SGD at rate 1: every value drops by 1)."""
+    store.join(version, np.ones(size, np.float32))
+    return store.submit(version, 1)
+
+
+def test_an_inline_update_defers_its_chunks_and_a_reply_copies_its_values_straight_out():
+    store = _store(1000)
+    made = COPIES.bytes_copied
+    snap = _update(store, 1000, 1)
+    out = np.zeros(1000, np.float32)
+    assert snap.deferred(lambda values: np.copyto(out, values) or True)
+    np.testing.assert_array_equal(out, np.full(1000, -1.0))
+    assert snap._chunks == [] and COPIES.bytes_copied == made, "no chunks were made"
+
+
+def test_a_deferred_snapshot_still_held_keeps_its_version_when_the_next_update_comes():
+    store = _store(1000)
+    held = _update(store, 1000, 1)
+    _update(store, 1000, 2)
+    assert held.deferred(lambda values: values) is None, "settled: it no longer reads the store's values"
+    np.testing.assert_array_equal(_values(held), np.full(1000, -1.0))
+    np.testing.assert_array_equal(_values(store.snapshot()), np.full(1000, -2.0))
+
+
+def test_a_deferred_snapshot_nobody_holds_is_dropped_without_its_chunks_being_made():
+    store = _store(1000)
+    _update(store, 1000, 1)
+    gc.collect()
+    made = COPIES.bytes_copied
+    snap = _update(store, 1000, 2)  # the store's latest: version 1's snapshot is no one's now
+    assert COPIES.bytes_copied == made and snap.version == 2
+
+
+def test_a_reader_already_waiting_makes_the_chunks_of_a_snapshot_deferred_after_it_began():
+    values = np.arange(3000, dtype=np.float32)  # 3 chunks
+    snap = Snapshot(1, values.nbytes, CHUNK)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.extend(_chunks(snap)))
+    reader.start()
+    deadline = time.monotonic() + 5
+    while not snap._waiters and time.monotonic() < deadline:  # the reader waits for chunk 0
+        time.sleep(0.001)
+    snap.defer(values)
+    reader.join(5)
+    assert not reader.is_alive()
+    np.testing.assert_array_equal(np.frombuffer(b"".join(got), np.float32), values)

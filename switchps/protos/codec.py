@@ -227,6 +227,23 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
+class TrimSoon:
+    """``trim_heap`` a little after it is asked for (on the running event loop), at most once per ``delay_s``
+    however often it is asked."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self._due = delay_s, False
+
+    def __call__(self) -> None:
+        if not self._due:
+            self._due = True
+            asyncio.get_running_loop().call_later(self.delay_s, self._trim)
+
+    def _trim(self) -> None:
+        self._due = False
+        trim_heap()
+
+
 @functools.cache
 def one_arena() -> bool:
     """Serve every thread that first allocates after this call from glibc's main arena.

@@ -4,12 +4,15 @@ through (``local_pushes``). Used on the event loop only."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from functools import partial
 
-from switchps.protos.codec import PayloadWriter
+import numpy as np
+
+from switchps.protos.codec import COPIES, PayloadWriter
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.segment import NOT_ATTACHED, Segment
 from switchps.ps_server.local_pushes import LocalPushes, Pushes
+from switchps.ps_server.model import Snapshot
 from switchps.refusals import invalid, precondition
 
 
@@ -49,9 +52,18 @@ class Attachments:
         return segment, segment.grad.data.cast("B")
 
 
-async def write_values(segment: Segment, chunks: AsyncIterator[bytes]) -> None:
-    """A version's values, chunk by chunk as they are published, into the segment's values area."""
+async def write_values(segment: Segment, snapshot: Snapshot) -> None:
+    """A version's values into the segment's values area: straight from the model's if the snapshot is
+    still deferred, else chunk by chunk as they are published."""
+    if snapshot.deferred(partial(_copy, segment.values)):
+        return
     writer = PayloadWriter(segment.values)
-    async for chunk in chunks:
+    async for chunk in snapshot.achunks():
         writer.add(chunk)
     writer.finish()
+
+
+def _copy(out: np.ndarray, values: np.ndarray) -> bool:
+    np.copyto(out, values)
+    COPIES.add(out.nbytes)
+    return True

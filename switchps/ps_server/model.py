@@ -1,30 +1,25 @@
 """The model the PS holds: flat float32 values, optimizer, version, and the open aggregates' sums.
 
-Values live in one contiguous float32 vector; the layout maps it back to
-named variables: the trainable parameters first, which the optimizer
-updates, then the non-trainable state (BatchNorm moving statistics), which
-each update replaces with the mean of its contributors' values (the round's
-workers under BSP, the one pusher under ASP). ``submit`` reserves the next
-version at once and queues the update; while the optimizer works through the
-vector block by block, the new version's wire chunks are published one by one,
-so replies start streaming before the apply has finished. Every reader of a
-version shares its one ``Snapshot``, and no lock is held while parameters
-stream out.
+Values live in one contiguous float32 vector; the layout maps it back to named variables: the trainable
+parameters first, which the optimizer updates, then the non-trainable state (BatchNorm moving
+statistics), which each update replaces with the mean of its contributors' values (the round's workers
+under BSP, the one pusher under ASP). ``submit`` reserves the next version at once and queues the update.
+Every reader of a version shares its one ``Snapshot``, and no lock is held while parameters stream out.
 
-Concurrency: the store's work (joins, updates, optimizer changes) runs in the
-order it was submitted, one item at a time, under ``_writing``: that item is
-the only writer of ``values``, the sums and the optimizer. An item runs on the
-applier thread, or, for a model of at most ``inline_bytes`` and with nothing
-queued before it, at once on the submitting thread (the event loop). That is a
-model whose pushes travel as one message (``codec.WHOLE_BYTES``, 4 MiB): its
-reply cannot leave before the update ends anyway, so the applier's overlap buys
-nothing, and the thread hand-off and the loop's wake-up cost more than ten times
-a 7,850-parameter update (``bench/profile_step.py``); at 784k parameters,
-applying on the loop made 1.13-1.15x the steps/s (``bench/steps.py``). ``ModelStore.lock``
-guards ``version`` and the latest snapshot; each ``Snapshot`` has one
-condition, "chunk published", and ``_idle`` is the condition "no item
-pending". Lock order: ``_writing`` before a snapshot's condition or
-``lock``; ``_idle`` is never held with another.
+Concurrency: the store's work (joins, updates, optimizer changes) runs in the order it was submitted, one
+item at a time, under ``_writing``: that item is the only writer of ``values``, the sums and the
+optimizer. An item runs on the applier thread, which publishes the new version's chunks block by block
+as the optimizer finishes them, so replies stream before the apply ends; or, for a model of at most
+``inline_bytes`` with nothing queued before it, at once on the submitting thread (the event loop). Such
+a model's pushes travel as one message (``codec.WHOLE_BYTES``): its reply cannot leave before the update
+ends, and the hand-off to the applier and back cost more than ten times a 7,850-parameter update (at
+784k parameters, applying on the loop made 1.13-1.15x the steps/s). An inline update defers its
+snapshot's chunks (``Snapshot.defer``): a reply copies the values straight out, and the chunks are made
+only for a reader that asks, or before the next update if anyone still holds the snapshot (a weak
+reference tells), which saves a pass over the values per push. ``ModelStore.lock`` guards ``version``,
+the latest snapshot and a deferred snapshot's values; each ``Snapshot``'s ``_lock`` guards its chunks;
+``_idle`` is the condition "no item pending". Lock order: ``_writing``, ``lock``, a snapshot's
+``_lock``; ``_idle`` is never held with another.
 """
 
 from __future__ import annotations
@@ -34,20 +29,22 @@ import contextlib
 import logging
 import queue
 import threading
+import weakref
 from dataclasses import dataclass
 from functools import partial
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator, TypeVar
 
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, WHOLE_BYTES, trim_heap
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, WHOLE_BYTES, TrimSoon
 from switchps.protos.layout import trainable_size
 from switchps.refusals import Rejected, invalid, precondition
-from switchps.ps_server.optimizers import Optimizer
+from switchps.ps_server.optimizers import Optimizer, apply_update
 
 log = logging.getLogger("switchps.ps")
 TRIM_DELAY_S = 0.5
+T = TypeVar("T")
 
 
 class BufferPool:
@@ -62,7 +59,7 @@ class BufferPool:
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()  # ``put`` also runs on the applier thread
         self._slots: asyncio.Semaphore | None = None  # made on the event loop, its only user
-        self._trim_due = False
+        self._trim_soon = TrimSoon(TRIM_DELAY_S)  # a refused payload's pages go back to the OS soon after
 
     def get(self) -> np.ndarray:
         with self._lock:
@@ -99,34 +96,26 @@ class BufferPool:
         finally:
             self._slots.release()
 
-    def _trim_soon(self) -> None:
-        """Give the heap's free pages back to the OS shortly after a refused payload, at most
-        ``1 / TRIM_DELAY_S`` times a second however many are refused (see ``codec.trim_heap``)."""
-        if not self._trim_due:
-            self._trim_due = True
-            asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._trim)
-
-    def _trim(self) -> None:
-        self._trim_due = False
-        trim_heap()
-
 
 class Snapshot:
-    """One version's values as wire chunks, readable while they are still being published.
+    """One version's values as wire chunks, which asyncio readers await (``achunks``) as they are published,
+    woken through their event loop.
 
-    Thread readers block in ``chunks``; asyncio readers await ``achunks``, woken
-    through their event loop when a chunk they wait for is published.
+    A deferred snapshot (``defer``) has no chunks yet: its values are the store's own until the store's
+    next update, so a reply may use them in place (``deferred``); a reader of chunks has them made first.
     """
 
-    def __init__(self, version: int, nbytes: int, chunk_bytes: int) -> None:
+    def __init__(self, version: int, nbytes: int, chunk_bytes: int, store_lock: threading.Lock | None = None) -> None:
         self.version = version
         self.nbytes = nbytes
         self.chunk_bytes = max(chunk_bytes, nbytes) if nbytes <= INLINE_BYTES else chunk_bytes  # inline = 1 chunk
         self._chunks: list[bytes] = []
         self._total = -(-nbytes // self.chunk_bytes)
         self._failed: BaseException | None = None
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # guards the chunks, the failure, the waiters and ``_source`` is set
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._store_lock = store_lock or threading.Lock()  # held while deferred values are used or change
+        self._source: np.ndarray | None = None  # deferred: the store's values
 
     @classmethod
     def of(cls, version: int, flat: np.ndarray, chunk_bytes: int) -> "Snapshot":
@@ -145,50 +134,59 @@ class Snapshot:
                 return
             chunk = raw[lo:hi].tobytes()
             COPIES.add(len(chunk))
-            with self._cond:
+            with self._lock:
                 self._chunks.append(chunk)
                 self._wake()
 
+    def defer(self, values: np.ndarray) -> None:
+        """Make no chunks yet: ``values`` hold this version until the store settles it (under its lock)."""
+        with self._lock:
+            self._source = values
+            self._wake()  # a reader already waiting makes the chunks itself
+
+    def deferred(self, use: Callable[[np.ndarray], T]) -> T | None:
+        """``use`` of a deferred snapshot's values, kept this version's meanwhile; None, not calling it, if
+        the snapshot is not deferred."""
+        with self._store_lock:
+            return None if self._source is None else use(self._source)
+
+    def settle(self) -> None:
+        """A deferred snapshot's chunks, made now (for a reader, or before the store's values change)."""
+        with self._store_lock:
+            values, self._source = self._source, None
+            if values is not None:
+                self.publish_until(values, values.size)
+
     def fail(self, error: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             self._failed = error
             self._wake()
 
     def _wake(self) -> None:
-        """Caller holds ``_cond``."""
-        self._cond.notify_all()
+        """Caller holds ``_lock``."""
         for loop, fut in self._waiters:
             loop.call_soon_threadsafe(_resolve, fut)
         self._waiters = []
 
-    def _ready(self, i: int) -> bytes | None:
-        """Chunk ``i`` if published (caller holds ``_cond``); raises if the update failed."""
-        if self._failed is not None:
-            raise RuntimeError(f"update to version {self.version} failed") from self._failed
-        return self._chunks[i] if i < len(self._chunks) else None
-
-    def chunks(self) -> Iterator[bytes]:
-        """The chunks in order, blocking for any not yet published."""
-        for i in range(self._total):
-            with self._cond:
-                self._cond.wait_for(lambda: i < len(self._chunks) or self._failed is not None)
-                chunk = self._ready(i)
-            assert chunk is not None
-            yield chunk
-
     async def achunks(self) -> AsyncIterator[bytes]:
-        """The chunks in order, awaiting any not yet published."""
+        """The chunks in order, awaiting any not yet published; raises if the update failed."""
         loop = asyncio.get_running_loop()
         for i in range(self._total):
             while True:
-                with self._cond:
-                    chunk = self._ready(i)
-                    if chunk is None:
+                with self._lock:
+                    if self._failed is not None:
+                        raise RuntimeError(f"update to version {self.version} failed") from self._failed
+                    chunk = self._chunks[i] if i < len(self._chunks) else None
+                    deferred = self._source is not None
+                    if chunk is None and not deferred:
                         fut: asyncio.Future[None] = loop.create_future()
                         self._waiters.append((loop, fut))
                 if chunk is not None:
                     break
-                await fut
+                if deferred:
+                    self.settle()
+                else:
+                    await fut
             yield chunk
 
 
@@ -202,12 +200,10 @@ class Sums:
 
     The core decides which pushes form an update; ``Sums`` holds the arrays. The first push to join an
     aggregate lends it its buffer (no copy), later ones are added into it in place, in the order the core
-    joined them (so results are bit-identical to summing as they arrived), and ``join`` hands their
-    buffers back for reuse; ``take`` hands an aggregate's sum to the update that consumes it. Memory is
-    one buffer per open aggregate plus the pushes not yet joined.
-
-    Concurrency: not thread-safe. ``ModelStore`` calls it only from the item it is running, in submission order;
-    the test harness and a simulator call it directly.
+    joined them (bit-identical to summing as they arrived), and ``join`` hands their buffers back for
+    reuse; ``take`` hands a sum to the update that consumes it. Memory: one buffer per open aggregate plus
+    the pushes not yet joined. Not thread-safe: ``ModelStore`` calls it only from the item it is running,
+    the test harness and a simulator directly.
     """
 
     def __init__(self) -> None:
@@ -231,18 +227,6 @@ class Sums:
 
     def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
         self.open = {int(a): np.array(total, np.float32) for a, total in d.items()}
-
-
-def apply_update(optimizer: Optimizer, values: np.ndarray, trainable: int, grad: np.ndarray, samples: int,
-                 contributors: int, lr_factor: float = 1.0) -> Iterator[int]:
-    """The update rule of every driver: ``grad`` is an aggregate's sum (Σ gradient over ``samples``, then the
-    sum of ``contributors`` workers' non-trainable state); the optimizer steps the ``trainable`` parameters
-    by the mean gradient, block by block, yielding the end of each finished block (``Optimizer.steps``),
-    and the state becomes the contributors' mean. ``grad`` is overwritten (scratch)."""
-    n = trainable
-    yield from optimizer.steps(values[:n], grad[:n], lr_factor, grad_scale=1.0 / samples)
-    if n < values.size:
-        np.multiply(grad[n:], np.float32(1.0 / contributors), out=values[n:])
 
 
 @dataclass
@@ -282,6 +266,7 @@ class ModelStore:
         self._idle = threading.Condition()
         self._pending = 0
         self._writing = threading.Lock()  # held by the one item running, on whichever thread
+        self._deferred: weakref.ref[Snapshot] | None = None  # the last update's deferred snapshot
         threading.Thread(target=self._apply_loop, name="switchps-applier", daemon=True).start()
 
     @property
@@ -324,7 +309,7 @@ class ModelStore:
         """
         with self.lock:
             self.version += 1
-            snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes)
+            snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes, self.lock)
         self._enqueue(_Update(aggregate_id, samples, contributors, lr_factor, snap, on_applied))
         return snap
 
@@ -351,7 +336,7 @@ class ModelStore:
             inline = self._pending == 0 and self.nbytes <= self.inline_bytes
             self._pending += 1
         if inline:
-            self._run(item)
+            self._run(item, inline=True)
         else:
             self._queue.put(item)
 
@@ -369,12 +354,12 @@ class ModelStore:
         while True:
             self._run(self._queue.get())
 
-    def _run(self, u: "_Update | Callable[[], None]") -> None:
+    def _run(self, u: "_Update | Callable[[], None]", inline: bool = False) -> None:
         """Run one item as the only writer, then count it done; a failed update fails its snapshot."""
         try:
             with self._writing:
                 if isinstance(u, _Update):
-                    self._apply(u)
+                    self._apply(u, inline)
                 else:
                     u()
         except BaseException as e:  # surfaced to every reader of that version
@@ -386,14 +371,30 @@ class ModelStore:
                 self._pending -= 1
                 self._idle.notify_all()
 
-    def _apply(self, u: _Update) -> None:
+    def _apply(self, u: _Update, inline: bool) -> None:
+        """Update ``values``, publishing the chunks as the blocks finish (readers may wait on another
+        thread); run inline, defer them instead (``Snapshot.defer``) until the next update settles them."""
+        self._settle()
         values, snap, grad = self.values, u.snapshot, self.sums.take(u.aggregate_id)
         per_chunk = snap.chunk_bytes // 4
         last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
         for end in apply_update(self.optimizer, values, self.trainable, grad, u.samples, u.contributors,
                                 u.lr_factor):
-            snap.publish_until(values, min(end, last))
+            if not inline:
+                snap.publish_until(values, min(end, last))
         self.buffers.put(grad)
         if u.on_applied:
             u.on_applied(self.optimizer.last_lr)
-        snap.publish_until(values, values.size)
+        if not inline:
+            snap.publish_until(values, values.size)
+            return
+        with self.lock:
+            snap.defer(values)
+            self._deferred = weakref.ref(snap)
+
+    def _settle(self) -> None:
+        """Before values change: the last deferred snapshot's chunks, if anyone still holds it."""
+        with self.lock:
+            held, self._deferred = (self._deferred() if self._deferred else None), None
+        if held is not None:
+            held.settle()

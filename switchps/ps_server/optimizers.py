@@ -358,3 +358,15 @@ def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: f
         opt.reset_state()
     elif state == "scale":
         opt.scale_state(state_scale)
+
+
+def apply_update(optimizer: Optimizer, values: np.ndarray, trainable: int, grad: np.ndarray, samples: int,
+                 contributors: int, lr_factor: float = 1.0) -> Iterator[int]:
+    """The update rule of every driver: ``grad`` is an aggregate's sum (Σ gradient over ``samples``, then the
+    sum of ``contributors`` workers' non-trainable state); the optimizer steps the ``trainable`` parameters
+    by the mean gradient, block by block, yielding the end of each finished block (``Optimizer.steps``),
+    and the state becomes the contributors' mean. ``grad`` is overwritten (scratch)."""
+    n = trainable
+    yield from optimizer.steps(values[:n], grad[:n], lr_factor, grad_scale=1.0 / samples)
+    if n < values.size:
+        np.multiply(grad[n:], np.float32(1.0 / contributors), out=values[n:])

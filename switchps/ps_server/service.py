@@ -1,21 +1,20 @@
 """The gRPC face of the parameter server: one driver of the protocol core, on grpc.aio.
 
-Tensor RPCs (Push, Pull, Init) use raw frames (see ``switchps.protos.codec``)
-through generic handlers, so payload bytes never pass through protobuf.
-Control RPCs (Register, Status, Eval) are plain protobuf.
+Tensor RPCs (Push, Pull, Init) use raw frames (see ``switchps.protos.codec``) through generic handlers, so
+payload bytes never pass through protobuf. Control RPCs (Register, Status, Eval) are plain protobuf.
 
 A push: read and check its frames, hand it to the ``Core`` with the time, execute the actions it
 returns in order (apply an update through the ``ModelStore``, release held replies, record), and await
-this push's own release; the reply streams the version's chunks as the applier publishes them.
-Between events, a due checkpoint is taken (``checkpointer``).
+this push's own release; the reply streams the version's chunks as the applier publishes them, or, for
+a model updated inline (``model.py``), is copied straight from its values. Between events, a due
+checkpoint is taken (``checkpointer``).
 
 Concurrency: every handler, the core and the link emulation run on one asyncio event loop
 (``server.Server`` gives it a thread of its own), so none of them needs a lock, and a stream that sends
 nothing holds no thread: it cannot starve the health service or other RPCs, and is cut after
 ``receive_timeout_s``. Other threads (the store's applier, the only writer of the parameters, which a
 small model's updates skip: ``model.py``; the recorder's flusher; the checkpoint writer) are reached
-only through their own locks and queues.
-Other threads learn of progress through ``started``/``finished``/``final_evaluated``/``all_told_stop``.
+only through their own locks and queues, and learn of progress through threading events.
 
 Hostile input: a push is read to the end of its stream and validated before it reaches the core, and
 then applied whole or not at all. Every rejection gets an error status, a log line and a count.
@@ -38,16 +37,15 @@ from prometheus_client import Gauge
 
 from switchps.auth import authorize_worker
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import PayloadWriter, aencode, decode, encode, fill, first_frame, parse
+from switchps.protos.codec import PayloadWriter, aencode, decode, encode, fill, first_frame, parse, whole_frame
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
 from switchps.ps_server.attachments import Attachments, write_values
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.guard import Guard
-from switchps.ps_server.events import (
-    Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
-)
+from switchps.ps_server.events import (Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer,
+                                       StepReport, WorkOrder)
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
@@ -196,8 +194,7 @@ class ParameterServer:
 
     def _status(self) -> pb.Status:
         core = self.core
-        return pb.Status(
-            version=core.version, protocol=core.spec.name, done=core.done, samples=core.samples,
+        return pb.Status(version=core.version, protocol=core.spec.name, done=core.done, samples=core.samples,
             test_accuracy=self.last_eval.test_accuracy if self.last_eval else -1.0,
             final_eval_done=self.final_eval is not None, total_steps=core.train.steps or 0,
             progress=core.progress(self.clock()), active_workers=len(core.members.active))
@@ -346,9 +343,12 @@ class ParameterServer:
             await self.link.outbound.transfer(snapshot.nbytes)
         reply.order.version, reply.nbytes = snapshot.version, snapshot.nbytes
         if segment is not None and isinstance(reply, pb.PushReply):
-            await write_values(segment, snapshot.achunks())
+            await write_values(segment, snapshot)
             reply.shared = True
             yield next(encode(reply))
+            return
+        if (whole := snapshot.deferred(partial(whole_frame, reply))) is not None:
+            yield whole  # one message, straight from the model's values
             return
         async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
             yield frame

@@ -5,7 +5,7 @@ when it is sent, takes ``network.push_overhead_s`` plus an exponential jitter of
 ``network.push_jitter_s`` (drawn per worker and step, ``switchps.step_random``), crosses the link's inbound side, is recorded and
 handed to the core; the actions come
 back in order: ``Join`` a push to its aggregate, ``Free`` a dropped one, ``Apply`` an aggregate with the
-store's update rule (``model.apply_update``) and record it, ``Release`` a reply (its parameters cross the
+store's update rule (``optimizers.apply_update``) and record it, ``Release`` a reply (its parameters cross the
 link's outbound side, then the worker's next step starts), ``SetOptimizer``, ``Record``, ``Count``. The
 core's timers become events; the latest version is evaluated every ``eval.every_s`` of virtual time and
 when training ends.
@@ -23,8 +23,7 @@ from switchps.ps_server.events import (
     Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
 )
 from switchps.ps_server.link import DuplexLink
-from switchps.ps_server.model import apply_update
-from switchps.ps_server.optimizers import Optimizer, adjust_optimizer
+from switchps.ps_server.optimizers import Optimizer, adjust_optimizer, apply_update
 from switchps.ps_server.records import RunRecorder
 from switchps.sim.learner import Learner, Score
 from switchps.sim.loop import Event, Loop
