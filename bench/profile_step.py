@@ -78,7 +78,7 @@ PS_RULES: list[Rule] = [
     ("record (rows, events, counts)", "prometheus_client/", ()),
     ("reply encode", "ps_server/model.py", ("Snapshot.",)),
     ("reply encode", "ps_server/attachments.py", ("write_values", "_copy")),
-    ("reply encode", "protos/codec.py", ("aencode", "encode", "_frame0")),
+    ("reply encode", "protos/codec.py", ("aencode", "encode", "_frame0", "whole_frame", "joined")),
     ("reply encode", "ps_server/service.py", ("ParameterServer._send", "_order")),
     ("apply", "ps_server/optimizers.py", ()),
     ("apply", "ps_server/model.py", ("ModelStore._apply", "Sums.", "ModelStore._join",

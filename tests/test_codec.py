@@ -7,7 +7,7 @@ import pytest
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
-    INLINE_BYTES, WHOLE_BYTES, FrameError, decode_header, encode_array, receive_into,
+    COPIES, INLINE_BYTES, WHOLE_BYTES, FrameError, decode_header, encode_array, receive_into,
 )
 from switchps.ps_server.service import ParameterServer
 
@@ -95,6 +95,22 @@ def test_a_push_of_at_most_whole_bytes_or_a_chunk_is_one_message_and_a_larger_on
     assert r.reply.applied and r.fresh and r.order.version == 1
     np.testing.assert_array_equal(w.params, -grad)
     np.testing.assert_array_equal(c.params, -grad)
+
+
+@pytest.mark.parametrize("size", [1000, 100_000])  # 4 KB: inside frame 0 of any reply; 400 KB: past it
+def test_a_push_small_reply_is_made_from_the_values_in_one_copy_and_a_pull_still_reads_the_version(
+        cluster_factory, size):
+    """Per push, the payload is copied four times: into the client's frame, into the PS's receive buffer,
+    into the reply (straight from the values: the version's snapshot makes no chunks) and out of it. A pull
+    of that version has the snapshot's chunks made then, and gets its values."""
+    c = cluster_factory(workers=1, size=size, protocol={"name": "asp"})
+    w = c.workers[0]
+    before = COPIES.bytes_copied
+    assert w.push(np.ones(size, np.float32), 1).reply.applied
+    assert COPIES.bytes_copied - before == 4 * 4 * size
+    fresh = np.zeros(size, np.float32)
+    assert w.client.pull(fresh).order.version == 1
+    np.testing.assert_array_equal(fresh, -np.ones(size))
 
 
 def test_all_finite_is_exact_even_when_the_fast_sum_overflows():

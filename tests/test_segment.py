@@ -126,6 +126,18 @@ def test_a_payload_written_into_the_segment_is_pushed_without_a_copy(cluster_fac
     np.testing.assert_array_equal(c.params, -2 * np.ones(1000))
 
 
+def test_a_push_through_the_segment_is_copied_twice_out_of_it_and_the_new_values_into_it(cluster_factory):
+    """No snapshot chunks in between: the reply's values are copied into the segment from the model's."""
+    c = cluster_factory(workers=1, size=1000, protocol={"name": "asp"})
+    w = c.workers[0]
+    assert w.client.attach(0, 4000) and w.client.payload_area is not None
+    w.client.payload_area[:] = 1
+    before = COPIES.bytes_copied
+    assert w.push(w.client.payload_area, 1).reply.applied
+    assert COPIES.bytes_copied - before == 2 * 4000
+    np.testing.assert_array_equal(w.params, -np.ones(1000))
+
+
 def test_a_non_finite_gradient_in_the_segment_is_refused_counted_and_changes_nothing(cluster_factory):
     c = cluster_factory(workers=1, size=1000, protocol={"name": "asp"})
     w = c.workers[0]

@@ -101,6 +101,7 @@ def encode(header: Message, chunks: Iterable[bytes] = (), nbytes: int = 0) -> It
     A payload of at most ``INLINE_BYTES`` rides inside frame 0, so it is one message.
     """
     if 0 < nbytes <= INLINE_BYTES:
+        COPIES.add(nbytes)
         yield _frame0(header) + b"".join(chunks)
         return
     yield _frame0(header)
@@ -110,6 +111,7 @@ def encode(header: Message, chunks: Iterable[bytes] = (), nbytes: int = 0) -> It
 async def aencode(header: Message, chunks: AsyncIterator[bytes], nbytes: int) -> AsyncIterator[bytes]:
     """``encode`` for chunks that arrive asynchronously (an asyncio server's replies)."""
     if 0 < nbytes <= INLINE_BYTES:
+        COPIES.add(nbytes)
         yield _frame0(header) + b"".join([c async for c in chunks])
         return
     yield _frame0(header)
@@ -125,6 +127,15 @@ def whole_frame(header: Message, flat: np.ndarray) -> bytes:
     """Frame 0 carrying all of ``flat`` (a payload of at most ``whole_limit``): one copy per byte."""
     COPIES.add(flat.nbytes)
     return b"".join((_frame0(header), flat.data))
+
+
+def joined(frames: list[bytes]) -> bytes:
+    """Frames as one message: a lone frame as it is, more joined into a copy (counted)."""
+    if len(frames) == 1:
+        return frames[0]
+    message = b"".join(frames)
+    COPIES.add(len(message))
+    return message
 
 
 def whole_limit(chunk_bytes: int) -> int:

@@ -37,7 +37,8 @@ from prometheus_client import Gauge
 
 from switchps.auth import authorize_worker
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import PayloadWriter, aencode, decode, encode, fill, first_frame, parse, whole_frame
+from switchps.protos.codec import (PayloadWriter, aencode, decode, encode, fill, first_frame, joined, parse,
+                                   whole_frame)
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
 from switchps.ps_server.attachments import Attachments, write_values
@@ -265,10 +266,8 @@ class ParameterServer:
             await self._until_started()
         if not self.store.initialized:
             await self._reject(ctx, "pull", precondition("not_initialized", "the model is not initialized yet"))
-        snapshot = self.store.snapshot()
-        reply = pb.PullReply(order=_order(self.core.issue(req.worker, self.clock())))
-        async for frame in self._send(reply, snapshot if req.have_version != snapshot.version else None,
-                                      req.worker):
+        snapshot, reply = self.store.snapshot(), pb.PullReply(order=_order(self.core.issue(req.worker, self.clock())))
+        async for frame in self._send(reply, snapshot if req.have_version != snapshot.version else None, req.worker):
             yield frame
 
     async def push(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -278,7 +277,7 @@ class ParameterServer:
 
     async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         """A push in one message, answered with one (a payload of at most ``codec.whole_limit``)."""
-        return b"".join([f async for f in self._push(ctx, frame)])
+        return joined([f async for f in self._push(ctx, frame)])
 
     async def _push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None = None) -> AsyncIterator[bytes]:
         """A push read from ``ctx`` (streamed), or ``whole`` in one frame (``PushSmall``)."""
@@ -303,7 +302,7 @@ class ParameterServer:
         PUSHES.labels("applied" if o.applied else "dropped").inc()
         reply = pb.PushReply(applied=o.applied, note=o.note, staleness=o.staleness, wait_s=o.wait_s,
                              order=_order(release.order))
-        async for frame in self._send(reply, snapshot, p.worker, segment):
+        async for frame in self._send(reply, snapshot, p.worker, segment, whole is not None):
             yield frame
 
     async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
@@ -328,9 +327,10 @@ class ParameterServer:
         return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
                     step=report.step, session=h.session), report, grad, segment
 
-    async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None,
-                    worker: int, segment: Segment | None = None) -> AsyncIterator[bytes]:
-        """Reply frames: the header, then the values (none if told to stop; into a shared push's ``segment``)."""
+    async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None, worker: int,
+                    segment: Segment | None = None, whole: bool = False) -> AsyncIterator[bytes]:
+        """Reply frames: the header, then the values (none if told to stop; into a shared push's ``segment``;
+        ``whole``: a ``PushSmall``'s reply, one message anyway, made in one copy from a deferred snapshot)."""
         if reply.order.stop and worker >= 0:
             self.told_stop.add(worker)
             if self.told_stop >= set(self.core.members.registered):
@@ -347,8 +347,8 @@ class ParameterServer:
             reply.shared = True
             yield next(encode(reply))
             return
-        if (whole := snapshot.deferred(partial(whole_frame, reply))) is not None:
-            yield whole  # one message, straight from the model's values
+        if whole and (frame := snapshot.deferred(partial(whole_frame, reply))) is not None:
+            yield frame
             return
         async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
             yield frame
