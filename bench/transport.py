@@ -198,8 +198,7 @@ def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
     from switchps.config import parse_config
     from switchps.protos.codec import all_finite, array_chunks, receive_into, whole_frame, whole_limit
     from switchps.ps_server.model import Snapshot
-    from switchps.ps_server.optimizers import apply_update
-    from switchps.ps_server.optimizers import optimizer_factory
+    from switchps.ps_server.optimizers import apply_update, optimizer_factory
 
     tune_allocator()  # as the client and the PS run
     size = nbytes // 4
