@@ -48,3 +48,14 @@ def processes():
     yield start
     for proc in started:
         kill_tree(proc)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line that counts the skipped tests with their reasons, so that a skip is read, not lost in an 's'."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    listed = "; ".join(f"{n} × {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    terminalreporter.write_line(f"skipped: {sum(reasons.values())}" + (f" ({listed})" if listed else ""))

@@ -1,7 +1,7 @@
 """`switchps role` from the command line, and configs/slurm/train.sbatch on a real SLURM cluster.
 
 The integration test needs a running cluster (`bash scripts/slurm-localhost.sh up`, as root); it never
-starts one itself and skips, saying why, when there is none."""
+starts one itself: it skips, saying why, when there is none, and fails under ``CI``, whose `.ci/run` starts one."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,8 @@ import yaml
 
 from switchps.address import free_port
 from slurm_local import slurm_env
+
+pytest_plugins = ["slurm_local"]  # slurm_cluster: a running SLURM, or a skip (a failure under CI)
 
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "configs" / "slurm" / "train.sbatch"
@@ -55,21 +56,6 @@ def test_role_with_port_zero_names_cluster_ps(tmp_path: Path) -> None:
                           str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2
     assert out.stderr.startswith("switchps: config error: cluster.ps:") and "Traceback" not in out.stderr
-
-
-@cache
-def cluster_up() -> str | None:
-    """None if a SLURM cluster answers with a usable node; else why the test cannot run (asked once:
-    sinfo takes seconds to give up on an absent controller)."""
-    env = slurm_env()
-    if env is None:
-        return "SLURM is not installed or not configured (run `bash scripts/slurm-localhost.sh up` as root)"
-    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30, env=env)
-    states = out.stdout.split()
-    if out.returncode != 0 or not any(s in ("idle", "mix") for s in states):
-        return (f"no idle SLURM node (sinfo: {out.stdout.strip() or out.stderr.strip()!r}); "
-                "run `bash scripts/slurm-localhost.sh up` as root")
-    return None
 
 
 def job_config(tmp_path: Path, shards: int = 1) -> Path:
@@ -109,7 +95,7 @@ def ranks(text: str, ntasks: int) -> dict[str, str]:
                            rf"of {ntasks}", text, re.M))
 
 
-@pytest.mark.skipif(cluster_up() is not None, reason=str(cluster_up()))
+@pytest.mark.usefixtures("slurm_cluster")
 def test_sbatch_trains_with_each_task_in_its_role(tmp_path: Path) -> None:
     config, run_dir = job_config(tmp_path), tmp_path / "run"
     summary, text = sbatch_wait(tmp_path, config, run_dir)
@@ -118,7 +104,7 @@ def test_sbatch_trains_with_each_task_in_its_role(tmp_path: Path) -> None:
     assert (run_dir / "secret").read_text().strip() not in text
 
 
-@pytest.mark.skipif(cluster_up() is not None, reason=str(cluster_up()))
+@pytest.mark.usefixtures("slurm_cluster")
 def test_sbatch_places_a_sharded_ps_on_the_first_ranks(tmp_path: Path) -> None:
     config, run_dir = job_config(tmp_path, shards=2), tmp_path / "run"
     summary, text = sbatch_wait(tmp_path, config, run_dir, "--ntasks=5")
@@ -138,7 +124,7 @@ def job_state(job: str, env: dict[str, str]) -> str:
     return m.group(1) if m else "UNKNOWN"
 
 
-@pytest.mark.skipif(cluster_up() is not None, reason=str(cluster_up()))
+@pytest.mark.usefixtures("slurm_cluster")
 def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     """`scontrol requeue` once the PS has checkpointed a trained version: the job runs again in the same
     run directory, the PS resumes (summary resumes == 1) and training still ends at train.steps."""
@@ -153,12 +139,13 @@ def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     job = out.stdout.strip().split(";")[0]
     try:
         assert out.returncode == 0, out.stderr
-        give_up = time.monotonic() + 150  # a hang guard, not a timing assertion
+        give_up = time.monotonic() + 270  # a hang guard past the job's own --time, not a timing assertion
         while not trained_checkpoint(run_dir):
             assert job_state(job, env) in ("PENDING", "RUNNING", "CONFIGURING"), log.read_text()[-3000:]
             assert time.monotonic() < give_up, "no checkpoint of a trained version"
             time.sleep(0.2)
         assert subprocess.run(["scontrol", "requeue", job], env=env, timeout=30).returncode == 0
+        give_up = time.monotonic() + 270  # the requeued job has its --time again
         while job_state(job, env) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
             assert time.monotonic() < give_up, f"job {job} did not end: {log.read_text()[-3000:]}"
             time.sleep(0.5)
