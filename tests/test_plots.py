@@ -199,5 +199,6 @@ def compare_rows(*args: str | Path) -> dict[str, list[str]]:
     """``switchps compare ARGS``'s table (its header row too) as run -> the other cells."""
     proc = subprocess.run([SWITCHPS, "compare", *map(str, args)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {cells[0]: cells[1:] for line in proc.stdout.splitlines() if line.count("│") == 12 or line.count("┃") == 12
-            for cells in [[c.strip() for c in line.replace("┃", "│").split("│")[1:-1]]]}
+    lines = [line.replace("┃", "│") for line in proc.stdout.splitlines()]
+    return {cells[0]: cells[1:] for line in lines if line.count("│") == 12
+            for cells in [[c.strip() for c in line.split("│")[1:-1]]]}

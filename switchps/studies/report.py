@@ -60,12 +60,12 @@ def compare(spec: StudySpec, series: dict[str, dict[str, list]]) -> dict[str, An
             entry: dict[str, Any] = {}
             for m in RATIO_METRICS:
                 if m in spec.metrics:
-                    e = paired_ratio(series[ref][m], series[arm][m])
-                    entry[m + "_speedup"] = {**e.as_dict(), "significant": e.excludes(1.0)}
+                    r = paired_ratio(series[ref][m], series[arm][m])
+                    entry[m + "_speedup"] = {**r.as_dict(), "significant": r.excludes(1.0)}
             if "final_accuracy" in spec.metrics:
-                e = paired_difference([_points(v) for v in series[arm]["final_accuracy"]],
+                d = paired_difference([_points(v) for v in series[arm]["final_accuracy"]],
                                       [_points(v) for v in series[ref]["final_accuracy"]])
-                entry["final_accuracy_points"] = {**e.as_dict(), "significant": e.excludes(0.0)}
+                entry["final_accuracy_points"] = {**d.as_dict(), "significant": d.excludes(0.0)}
             out[f"{arm} vs {ref}"] = entry
     return out
 
