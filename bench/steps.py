@@ -4,7 +4,7 @@ Runs the real launcher (separate PS, evaluator and worker processes on
 loopback) for a fixed wall time and reads the run record. ``--vs-tf`` measures
 the peer, TF2 ParameterServerStrategy (``bench/tf_ps.py``: same model, data
 shape, batch, learning rate and workers), side by side in the same session:
-runs alternate, each pair's ratio is switchps / TF (> 1: switchps is faster); their mean's 95 % interval
+runs alternate, each pair's ratio is switchps / TF (> 1: switchps is faster); their geometric mean's 95 % interval
 says whether it lies above a target ratio (``--target``, 2.5), below it, or cannot tell.
 Prints JSON.
 
@@ -34,7 +34,7 @@ import numpy as np
 from switchps.config import parse_config
 from switchps.jsonfile import dumps
 from switchps.launcher import launch
-from switchps.studies.stats import estimate
+from switchps.studies.stats import ratio_estimate
 from tf_ps import run_peer, train_rows
 
 SYNTHETIC_MAX_FEATURES = 10**4
@@ -103,7 +103,7 @@ def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bo
 
 def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, bool]]) -> dict:
     """Two arms (``run_once`` keyword arguments) in alternating pairs, ABBA, so drift hits both alike; each
-    pair's ratio (first arm over second), their spread and mean, whether the mean differs from 1 beyond
+    pair's ratio (first arm over second), their spread and geometric mean, whether it differs from 1 beyond
     its 95 % interval, and the ratio of medians."""
     runs: dict[str, list[float]] = {name: [] for name in arms}
     for pair in range(pairs):
@@ -119,19 +119,22 @@ def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, bo
 
 
 def ratio_summary(ratios: list[float], target: float | None = None) -> dict[str, Any]:
-    """min, median and max of the pairs' ratios, their mean with its 95 % t-interval (``ci95``: None for one
-    pair) and, given a ``target``, whether the interval lies above it, below it or across
-    it ("not significant either way": the pairs cannot tell apart)."""
+    """min, median and max of the pairs' ratios, their geometric mean with its 95 % interval ``low``–``high``
+    (the t interval of the logarithms, taken back; None for one pair) and, given a ``target``, whether the
+    interval lies above it, below it or across it ("not significant either way": the pairs cannot tell
+    apart)."""
     if not ratios:
         raise ValueError("no ratios")
-    est = estimate(ratios)
-    assert est.mean is not None
+    est = ratio_estimate(ratios)
+    if est.missing:
+        raise ValueError(f"every ratio must be > 0: {ratios}")
+    assert est.geomean is not None
+    low, high = (None if v is None else float(f"{v:.4g}") for v in (est.low, est.high))  # never rounded to 0
     out: dict[str, Any] = {"min": round(min(ratios), 3), "median": round(statistics.median(ratios), 3),
-                           "max": round(max(ratios), 3), "mean": round(est.mean, 3),
-                           "ci95": None if est.ci95 is None else round(est.ci95, 3)}
+                           "max": round(max(ratios), 3), "geomean": round(est.geomean, 3), "low": low, "high": high}
     if target is not None:
         verdict = ("not significant either way" if not est.excludes(target)
-                   else "above" if est.mean > target else "below")
+                   else "above" if est.geomean > target else "below")
         out["target"] = {"ratio": target, "verdict": verdict}
     return out
 
@@ -178,7 +181,7 @@ def main() -> None:
     ap.add_argument("--vs-tf", type=int, nargs="?", const=3, metavar="PAIRS",
                     help="alternate PAIRS runs of switchps and of TF2 ParameterServerStrategy (default 3)")
     ap.add_argument("--target", type=float, default=2.5,
-                    help="with --vs-tf: the ratio the pairs' mean is tested against (95 %% t-interval)")
+                    help="with --vs-tf: the ratio the pairs' geometric mean is tested against (95 %% CI, log scale)")
     ap.add_argument("--tf-warmup-s", type=float, default=3.0, help="TF's steps before its measured window")
     ap.add_argument("--shards", type=int, nargs="+", metavar="S", help="instead: S PS shards each, alternated "
                                                                        "--pairs times (bench/shards.py)")

@@ -1,5 +1,5 @@
 """`switchps compare`: several runs overlaid (accuracy, training loss, throughput) with a table of their
-headline numbers and time to a target accuracy."""
+headline numbers, time to a target accuracy and what each ran on."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ class RunResult:
     wall_time_s: float | None
     updates: int | None
     time_to_target_s: float | None
+    framework: str | None = None
+    device: str | None = None
+    """``summary.json``'s ``device``, with the emulated or simulated device's speed ("emulated, 800 samples/s")."""
+    ps_shards: int | None = None
+    hosts: int | None = None
+    """Distinct hosts the run's roles ran on (None for a simulation, or a run from before it was recorded)."""
 
 
 def time_to_target(eval_time_s: np.ndarray, accuracy: np.ndarray, target: float) -> float | None:
@@ -58,7 +64,16 @@ def _result(run: Run, target: float) -> RunResult:
         wall_time_s=wall,
         updates=None if updates is None else int(updates),
         time_to_target_s=time_to_target(t, acc, target),
+        framework=run.summary.get("framework"),
+        device=_device(run.summary),
+        ps_shards=run.summary.get("ps_shards"),
+        hosts=run.summary.get("hosts"),
     )
+
+
+def _device(summary: dict) -> str | None:
+    device, speed = summary.get("device"), (summary.get("emulated_device") or {}).get("samples_per_s")
+    return f"{device}, {speed:g} samples/s" if device and speed else device
 
 
 def load_result(run_dir: Path, target: float) -> RunResult:
@@ -124,6 +139,10 @@ def results_table(results: list[RunResult], target: float) -> Table:
     table.add_column("protocol")
     for header in ("final acc", "best acc", "wall time (s)", "updates", f"time to {target:g} (s)"):
         table.add_column(header, justify="right")
+    table.add_column("framework")
+    table.add_column("device")
+    for header in ("PS shards", "hosts"):
+        table.add_column(header, justify="right")
     for result, label in zip(results, run_labels(results)):
         table.add_row(
             label,
@@ -133,5 +152,9 @@ def results_table(results: list[RunResult], target: float) -> Table:
             fmt(result.wall_time_s, ".1f"),
             fmt(result.updates, "d"),
             fmt(result.time_to_target_s, ".1f"),
+            result.framework or "—",
+            result.device or "—",
+            fmt(result.ps_shards, "d"),
+            fmt(result.hosts, "d"),
         )
     return table

@@ -35,17 +35,22 @@ def test_help(script: str, flag: str) -> None:
     assert out.stdout.startswith("usage:") and flag in out.stdout
 
 
-def test_ratio_summary(bench: ModuleType) -> None:
-    assert bench.ratio_summary([1.2, 0.8, 1.0]) == {"min": 0.8, "median": 1.0, "max": 1.2, "mean": 1.0,
-                                                    "ci95": 0.497}
-    assert bench.ratio_summary([2.0]) == {"min": 2.0, "median": 2.0, "max": 2.0, "mean": 2.0, "ci95": None}
-    with pytest.raises(ValueError):
-        bench.ratio_summary([])
+def test_ratio_summary_is_on_the_log_scale(bench: ModuleType) -> None:
+    assert bench.ratio_summary([1.2, 0.8, 1.0]) == {"min": 0.8, "median": 1.0, "max": 1.2, "geomean": 0.986,
+                                                    "low": 0.5957, "high": 1.634}
+    assert bench.ratio_summary([2.0]) == {"min": 2.0, "median": 2.0, "max": 2.0, "geomean": 2.0, "low": None,
+                                          "high": None}
+    wide = bench.ratio_summary([0.1, 10.0])  # an arithmetic mean gave 5.05 ± 62.9, an interval below 0
+    assert wide["geomean"] == 1.0 and 0 < wide["low"] < 1e-12 and wide["high"] > 1e12
+    for bad in ([], [2.0, 0.0]):
+        with pytest.raises(ValueError):
+            bench.ratio_summary(bad)
 
 
 @pytest.mark.parametrize("ratios,verdict", [([2.7, 2.75, 2.8], "above"), ([2.2, 2.25, 2.3], "below"),
                                             ([2.4, 2.5, 2.7], "not significant either way"),
-                                            ([3.0], "not significant either way")])
+                                            ([3.0], "not significant either way"),
+                                            ([5.0, 8.0, 10.0], "above")])  # arithmetic: 7.67 ± 6.25
 def test_ratio_summary_tells_whether_the_pairs_meet_a_target(bench: ModuleType, ratios: list[float],
                                                              verdict: str) -> None:
     assert bench.ratio_summary(ratios, target=2.5)["target"] == {"ratio": 2.5, "verdict": verdict}

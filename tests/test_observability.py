@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -111,8 +112,29 @@ def test_resources_are_sampled_per_process_summarised_per_role_and_plotted(tmp_p
     summary = resources.summary(path)
     assert summary is not None and set(summary) == {"ps", "worker-0"}
     assert all(r["rss_mb_peak"] >= r["rss_mb_mean"] > 10 and r["samples"] >= 1 for r in summary.values())
+    assert all(r["hosts"] == [socket.gethostname()] for r in summary.values())
+    assert resources.in_summary(path) == {"resources": summary, "hosts": 1}
     fig = resources.figure(path)
     assert fig is not None and [len(ax.lines) for ax in fig.axes] == [2, 2], "a line per role, CPU and RSS"
+
+
+def test_hosts_are_the_distinct_hosts_in_whole_rows_and_older_rows_without_one_still_count_as_resources(tmp_path):
+    from switchps import resources
+
+    path = tmp_path / "resources.csv"
+    path.write_text(",".join(resources.COLUMNS) + "\n"
+                    "1.0,ps,7,50.0,100.0,0,0,node-a\n"
+                    "1.0,worker-0,8,90.0,300.0,0,0,node-b\n"
+                    "2.0,worker-0,9,80.0,310.0,0,0,node-c\n"  # restarted on another host
+                    "1.0,evaluator,10,10.0,200.0,0,0\n"  # written before hosts were recorded
+                    "3.0,worker-1,11,70.0,300.0,0,0,node-")  # torn: no newline yet
+    out = resources.in_summary(path)
+    assert {role: r["hosts"] for role, r in out["resources"].items()} == {
+        "ps": ["node-a"], "worker-0": ["node-b", "node-c"], "evaluator": []}
+    assert out["hosts"] == 3
+    path.write_text(",".join(resources.COLUMNS[:-1]) + "\n1.0,ps,7,50.0,100.0,0,0\n")
+    assert resources.in_summary(path)["hosts"] is None, "no row names a host: not known"
+    assert resources.in_summary(tmp_path / "none.csv") == {"resources": None, "hosts": None}
 
 
 def test_status_reads_a_live_ps_and_its_run_directory(cluster_factory):

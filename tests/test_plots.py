@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import json
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
-from rich.console import Console
 
-from switchps.compare import RunResult, compare_runs, load_result, results_table, time_to_target
+from switchps.compare import RunResult, compare_runs, load_result, time_to_target
 from switchps.plots import PLOT_FILES, plot_run
 from switchps.runrecord import read_csv
+
+from test_launch import SWITCHPS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PS_HEADER = "time_s,version,protocol,workers,samples,staleness_max,staleness_mean,lr,train_loss,b_min,b_mean,b_max,wait_s"
@@ -33,9 +34,10 @@ def make_run(
     eval_points: list[tuple[float, float]],
     protocols: tuple[str, ...] = ("bsp",),
     summary: bool = True,
+    ran_on: dict | None = None,
 ) -> Path:
     """A run with one PS update per 0.5 s, protocols in equal consecutive phases, and the given
-    (time_s, test_accuracy) eval points (version = 2 * time_s)."""
+    (time_s, test_accuracy) eval points (version = 2 * time_s); ``ran_on``: more summary.json fields."""
     run_dir = root / dirname
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(f"name: {name}\nprotocol: {protocols[0]}\n")
@@ -69,6 +71,7 @@ def make_run(
             "pushes_accepted": 2 * n_updates,
             "pushes_rejected": 0,
             "pushes_dropped": 0,
+            **(ran_on or {}),
         }))
     return run_dir
 
@@ -169,9 +172,12 @@ def test_plot_run_skips_empty_data(tmp_path: Path) -> None:
 
 def test_compare_runs_and_table(tmp_path: Path) -> None:
     dirs = [
-        make_run(tmp_path, "a", "mnist", FAST, protocols=("bsp", "asp")),
-        make_run(tmp_path, "b", "slow", SLOW, protocols=("ssp",)),
-        make_run(tmp_path, "c", "mnist", NEVER, protocols=("amb",)),
+        make_run(tmp_path, "a", "mnist", FAST, protocols=("bsp", "asp"),
+                 ran_on={"framework": "tensorflow", "device": "cpu", "ps_shards": 3, "hosts": 2}),
+        make_run(tmp_path, "b", "slow", SLOW, protocols=("ssp",),
+                 ran_on={"framework": "tensorflow", "device": "emulated", "emulated_device": {"samples_per_s": 800.0},
+                         "ps_shards": 1, "hosts": 1}),
+        make_run(tmp_path, "c", "mnist", NEVER, protocols=("amb",)),  # from before summary.json said what it ran on
     ]
     out = tmp_path / "cmp" / "compare.png"
     results = compare_runs(dirs, 0.9, out)
@@ -179,13 +185,20 @@ def test_compare_runs_and_table(tmp_path: Path) -> None:
     assert [r.time_to_target_s for r in results] == [5.0, 8.0, None]
     assert [r.protocol for r in results] == ["bsp→asp", "ssp", "amb"]
 
-    console = Console(file=io.StringIO(), width=200, record=True)
-    console.print(results_table(results, 0.9))
-    text = console.export_text()
-    for header in ("run", "protocol", "final acc", "best acc", "wall time (s)", "updates", "time to 0.9 (s)"):
-        assert header in text
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
-            for line in text.splitlines() if line.count("│") == 8}
-    assert rows["mnist (a)"] == ["bsp→asp", "0.9300", "0.9300", "10.5", "20", "5.0"]
-    assert rows["slow"] == ["ssp", "0.8900", "0.9100", "10.5", "20", "8.0"]
-    assert rows["mnist (c)"] == ["amb", "0.7500", "0.7500", "10.5", "20", "—"]
+    rows = compare_rows(*dirs, "--target", "0.9", "--out", str(tmp_path / "cli.png"))
+    assert rows["run"] == ["protocol", "final acc", "best acc", "wall time (s)", "updates", "time to 0.9 (s)",
+                           "framework", "device", "PS shards", "hosts"]
+    assert rows["mnist (a)"] == ["bsp→asp", "0.9300", "0.9300", "10.5", "20", "5.0", "tensorflow", "cpu", "3", "2"]
+    assert rows["slow"] == ["ssp", "0.8900", "0.9100", "10.5", "20", "8.0", "tensorflow",
+                            "emulated, 800 samples/s", "1", "1"]
+    assert rows["mnist (c)"] == ["amb", "0.7500", "0.7500", "10.5", "20", "—", "—", "—", "—", "—"]
+    assert_png(tmp_path / "cli.png")
+
+
+def compare_rows(*args: str | Path) -> dict[str, list[str]]:
+    """``switchps compare ARGS``'s table (its header row too) as run -> the other cells."""
+    proc = subprocess.run([SWITCHPS, "compare", *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.replace("┃", "│") for line in proc.stdout.splitlines()]
+    return {cells[0]: cells[1:] for line in lines if line.count("│") == 12
+            for cells in [[c.strip() for c in line.split("│")[1:-1]]]}

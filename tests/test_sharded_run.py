@@ -15,6 +15,7 @@ import yaml
 
 from test_launch import SWITCHPS, check_run_dir, rows, run
 from test_observability import read_events, scalars
+from test_plots import compare_rows
 
 pytestmark = pytest.mark.integration
 THREE = ["127.0.0.1:0"] * 3
@@ -38,16 +39,22 @@ def shard_records(run_dir: Path) -> list[dict]:
 
 def test_three_shards_train_to_the_same_bits_as_one(tmp_path):
     """BSP, 2 workers, fixed data order: the order of summation is the same, so the models are identical."""
-    models = []
-    for name, ps in (("one", "127.0.0.1:0"), ("three", THREE)):
+    models, run_dirs = [], []
+    for name, ps, shards in (("one", "127.0.0.1:0", 1), ("three", THREE, 3)):
         (tmp_path / name).mkdir()
         proc, run_dir = run(tmp_path / name, str(config(tmp_path / name, ps)))
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert run_dir is not None
         summary = check_run_dir(run_dir)
         assert summary["final_version"] == summary["updates"] == 50
+        assert (summary["ps_shards"], summary["framework"], summary["device"], summary["hosts"]) == (
+            shards, "tensorflow", "cpu", 1), "what it ran on: every role on this one host"
         models.append(keras.models.load_model(run_dir / "model.keras").get_weights())
+        run_dirs.append(run_dir)
     assert all(np.array_equal(a, b) for a, b in zip(*models)), "bit-identical parameters after 50 rounds"
+    table = compare_rows(*run_dirs, "--out", str(tmp_path / "compare.png"))
+    assert [table[label][-4:] for label in ("sharded (" + d.name + ")" for d in run_dirs)] == [
+        ["tensorflow", "cpu", "1", "1"], ["tensorflow", "cpu", "3", "1"]], table
     shards = shard_records(run_dir)
     assert [s["final_version"] for s in shards] == [50, 50] and [s["parts_applied"] for s in shards] == [100, 100]
     status = subprocess.run([SWITCHPS, "status", str(run_dir)], capture_output=True, text=True, timeout=60)

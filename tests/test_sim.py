@@ -111,6 +111,9 @@ def test_the_same_config_gives_byte_identical_records(tmp_path: Path, time_only:
         assert (tmp_path / "a" / table).read_bytes() == (tmp_path / "b" / table).read_bytes(), table
     assert len(rows(tmp_path / "a")) == 60 and len(rows(tmp_path / "a", "stragglers.csv")) >= 60
     assert bool(rows(tmp_path / "a", "eval.csv")) is not time_only, "evaluated with a model only"
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert (s["framework"], s["device"], s["ps_shards"], s["hosts"]) == (
+        None if time_only else "tensorflow", "simulated", 1, None), "no TensorFlow without a model; no host"
 
 
 def test_a_recorded_straggler_trace_replays_the_same_run(tmp_path: Path) -> None:
@@ -245,6 +248,8 @@ def test_plot_compare_and_status_read_a_simulated_run(trained: tuple[Path, dict[
     assert plot_run(run, tmp_path / "plots")
     (result,) = compare_runs([run], 0.8, tmp_path / "compare.png")
     assert result.time_to_target_s == s["time_to_target_s"] and (tmp_path / "compare.png").is_file()
+    assert (result.framework, result.device, result.ps_shards, result.hosts) == (
+        "tensorflow", f"simulated, {s['emulated_device']['samples_per_s']:g} samples/s", 1, None)
     status_table(str(run))
 
 

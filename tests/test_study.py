@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from switchps.config import ConfigError
 from switchps.straggler_trace import load_trace
 from switchps.studies import runner
 from switchps.studies.metrics import run_metrics
+from switchps.studies.report import compare, study_table
 from switchps.studies.runner import PACKAGED, finished_runs, packaged, run_study
 from switchps.studies.spec import StudySpec, load_study
-from switchps.studies.stats import estimate, paired_difference, paired_ratio
+from switchps.studies.stats import estimate, paired_difference, paired_ratio, ratio_estimate
 
 from test_launch import SWITCHPS
 
@@ -32,10 +36,47 @@ def test_a_mean_gets_its_student_t_interval():
 
 def test_paired_comparisons_are_by_seed_and_significance_is_the_interval_excluding_no_difference():
     ratio = paired_ratio([10.0, 20.0, 30.0], [5.0, 10.0, 15.0])  # twice as fast on every seed
-    assert ratio.mean == 2.0 and ratio.sd == 0.0 and ratio.excludes(1.0)
+    assert ratio.geomean == pytest.approx(2.0) and ratio.low == ratio.high == ratio.geomean and ratio.excludes(1.0)
+    assert ratio.text() == "2.00× (2.00–2.00)"
     noisy = paired_difference([0.95, 0.97, 0.96], [0.96, 0.95, 0.97])
     assert not noisy.excludes(0.0)
-    assert paired_ratio([10.0, None], [5.0, 4.0]).n == 1
+    one = paired_ratio([10.0, None], [5.0, 4.0])
+    assert (one.n, one.missing, one.low, one.text()) == (1, 1, None, "2.00× (1 never)")
+
+
+def test_a_speedup_is_the_geometric_mean_of_the_ratios_with_an_interval_that_never_reaches_zero():
+    wide = ratio_estimate([0.1, 10.0])  # as much slower on one seed as faster on the other: no change
+    assert wide.geomean == pytest.approx(1.0) and 0 < wide.low < 1 < wide.high and not wide.excludes(1.0)
+    assert wide.low * wide.high == pytest.approx(1.0), "symmetric on the log scale: 1/x as far as x"
+    assert estimate([0.1, 10.0]).mean - estimate([0.1, 10.0]).ci95 < 0, "what the arithmetic mean gave"
+    e = ratio_estimate([1.2, 1.5, 1.3, 1.6])
+    logs = estimate([math.log(r) for r in (1.2, 1.5, 1.3, 1.6)])
+    assert e.geomean == pytest.approx((1.2 * 1.5 * 1.3 * 1.6) ** 0.25)
+    assert (e.low, e.high) == pytest.approx((math.exp(logs.mean - logs.ci95), math.exp(logs.mean + logs.ci95)))
+    assert e.excludes(1.0) and not e.excludes(1.3) and e.excludes(2.0), "significant: the interval is above 1"
+    assert e.high - e.geomean > e.geomean - e.low, "asymmetric: wider above"
+    assert e.text() == "1.39× (1.13–1.71)"
+    assert wide.text() == "1.00× (1.97e-13–5.08e+12)", "a low bound near 0 is never shown as 0"
+    assert ratio_estimate([2.0, 0.0, None]).missing == 2, "a ratio of 0 has no logarithm"
+
+
+def test_a_study_reports_speedups_on_the_log_scale_and_marks_those_whose_interval_excludes_1x():
+    spec = StudySpec(study="s", base={"train": {"steps": 5}}, arms={"slow": {}, "fast": {}, "mixed": {}}, repeats=3,
+                     reference="slow", target={"absolute": 0.7}, metrics=["total_time_s"])
+    series = {"slow": {"total_time_s": [10.0, 20.0, 30.0]}, "fast": {"total_time_s": [6.0, 13.0, 21.0]},
+              "mixed": {"total_time_s": [100.0, 2.0, 30.0]}}
+    comparisons = compare(spec, series)
+    fast, mixed = (comparisons[f"{a} vs slow"]["total_time_s_speedup"] for a in ("fast", "mixed"))
+    assert fast["geomean"] == pytest.approx((10 / 6 * 20 / 13 * 30 / 21) ** (1 / 3)) and fast["significant"]
+    assert 0 < mixed["low"] < 1 < mixed["high"] and not mixed["significant"], "0.1x, 10x, 1x: no difference"
+    arms = {a: {"total_time_s": estimate(v["total_time_s"]).as_dict()} for a, v in series.items()}
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(study_table(spec, arms, comparisons, 0.7))
+    text = console.export_text()
+    rows = {line.split("│")[1].strip(): line.split("│")[-2].strip() for line in text.splitlines() if "│" in line}
+    assert rows["fast"] == "1.54× (1.27–1.87) *" and rows["slow"] == "1×"
+    assert rows["mixed"] == "1.00× (0.00328–305)", "its low bound is not shown as 0"
+    assert "geometric mean of the ratios paired by seed" in text and "excludes 1×" in text
 
 
 def test_the_packaged_studies_load_and_their_arms_are_valid_run_configs():
@@ -118,7 +159,7 @@ def test_an_interrupted_study_runs_only_what_is_missing(tmp_path, monkeypatch):
     assert launched == [("b", 0), ("a", 1), ("b", 1)], "the finished run is not run again"
     assert len(finished_runs(tmp_path / "out")) == 4
     assert result["arms"]["b"]["final_accuracy"]["n"] == 2
-    assert result["comparisons"]["b vs a"]["time_to_target_s_speedup"]["mean"] == 1.0
+    assert result["comparisons"]["b vs a"]["time_to_target_s_speedup"]["geomean"] == 1.0
     json.loads((tmp_path / "out" / "study.json").read_text(), parse_constant=pytest.fail)
     assert (tmp_path / "out" / "study.png").stat().st_size > 10_000
 

@@ -75,7 +75,10 @@ class Score(Protocol):
 def run_summary(cfg: RunConfig, core: Core, rec: RunRecorder, now: float, *, final: Score | None,
                 link: DuplexLink | None, told_stop: set[int], checkpoints: dict[str, Any] | None) -> dict[str, Any]:
     """What ``summary.json`` says of a run (with ``RunRecorder.close``'s counts), its times on the driver's
-    clock at ``now``: ``wall_time_s`` is training's duration on that clock (virtual in a simulation)."""
+    clock at ``now``: ``wall_time_s`` is training's duration on that clock (virtual in a simulation).
+    What it ran on: ``ps_shards``, ``framework`` (the workers': TensorFlow, the tensorflow-cpu build
+    switchps installs) and ``device``, ``cpu`` or, with ``device.samples_per_s``, ``emulated`` (each step
+    takes at least the emulated device's time; ``emulated_device`` says its speed)."""
     wall = elapsed(core, now)
     target = cfg.eval.target_accuracy
     reached = [t for t, _, _, acc in rec.evals if target is not None and acc >= target]
@@ -83,6 +86,9 @@ def run_summary(cfg: RunConfig, core: Core, rec: RunRecorder, now: float, *, fin
         "name": cfg.name,
         "protocol": cfg.protocol.name,
         "num_workers": cfg.cluster.num_workers,
+        "ps_shards": len(cfg.cluster.shards),
+        "framework": "tensorflow",
+        "device": "emulated" if cfg.device.samples_per_s else "cpu",
         "wall_time_s": round(wall, 3),
         "final_test_accuracy": final.test_accuracy if final else None,
         "final_test_loss": final.test_loss if final else None,

@@ -2,9 +2,11 @@
 
 The directory holds what a real run's does (``config.yaml``, ``ps.csv``, ``workers.csv``, ``eval.csv``,
 ``events.jsonl``, ``summary.json``; ``stragglers.csv`` with stragglers), every time in it virtual: seconds
-since training started. ``summary.json`` adds ``simulated``, ``time_only``, ``virtual_time_s`` (training's
-virtual duration, which ``wall_time_s`` also is, as every tool reads it as the run's duration),
-``sim_wall_s`` (the real seconds the simulation took), ``sim_events`` and ``interrupted``. Ctrl-C stops
+since training started. ``summary.json`` says ``device: simulated``, ``framework`` TensorFlow (None with
+``time_only``: no model), ``ps_shards`` 1 (the simulated PS is one) and ``hosts`` None (no role runs on a
+host), and adds ``simulated``, ``time_only``, ``virtual_time_s`` (training's virtual duration, which
+``wall_time_s`` also is, as every tool reads it as the run's duration), ``sim_wall_s`` (the real seconds
+the simulation took), ``sim_events`` and ``interrupted``. Ctrl-C stops
 the simulation between two events (or inside one): the record so far is written, with
 ``"interrupted": true``, and ``KeyboardInterrupt`` is raised again.
 """
@@ -127,6 +129,8 @@ def _summary(cfg: RunConfig, sim: Simulator, wall_s: float, time_only: bool, int
     core, now = sim.core, sim.loop.now
     return {**run_summary(cfg, core, sim.rec, now, final=sim.final, link=sim.parts.link, told_stop=sim.told_stop,
                           checkpoints=None),
+            "framework": None if time_only else "tensorflow", "device": "simulated",
+            "ps_shards": 1, "hosts": None,  # one PS on a virtual clock, whatever cluster.ps lists; no role runs
             "simulated": True, "time_only": time_only,
             "virtual_time_s": round(elapsed(core, now), 6),
             "sim_wall_s": round(wall_s, 3), "sim_events": sim.loop.events, "interrupted": interrupted}

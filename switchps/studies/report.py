@@ -14,7 +14,7 @@ from switchps.jsonfile import write_json
 from switchps.runrecord import console, read_csv
 from switchps.studies.metrics import Accuracy, final_accuracy, run_metrics
 from switchps.studies.spec import METRICS, RATIO_METRICS, StudySpec
-from switchps.studies.stats import Estimate, estimate, paired_difference, paired_ratio
+from switchps.studies.stats import Estimate, RatioEstimate, estimate, paired_difference, paired_ratio
 
 PROTOCOL_COLORS = {"bsp": "tab:blue", "asp": "tab:orange", "ssp": "tab:green", "amb": "tab:red",
                    "fmb": "tab:purple", "kasync": "tab:brown", "timed": "tab:pink"}
@@ -50,8 +50,8 @@ def report(spec: StudySpec, runs: dict[tuple[str, int], Path], out: Path) -> dic
 
 def compare(spec: StudySpec, series: dict[str, dict[str, list]]) -> dict[str, Any]:
     """Each arm against the reference and each ``compare_with`` arm, paired by seed: speedups (ratios)
-    for the time metrics and differences in points for the final accuracy, with whether the 95 % CI
-    excludes no difference."""
+    for the time metrics, on the log scale (geometric mean and its 95 % CI), and differences in points
+    for the final accuracy, with whether the 95 % CI excludes no difference (1× or 0 points)."""
     out: dict[str, Any] = {}
     for ref in [r for r in [spec.reference, *spec.compare_with] if r is not None]:
         for arm in spec.arms:
@@ -60,12 +60,12 @@ def compare(spec: StudySpec, series: dict[str, dict[str, list]]) -> dict[str, An
             entry: dict[str, Any] = {}
             for m in RATIO_METRICS:
                 if m in spec.metrics:
-                    e = paired_ratio(series[ref][m], series[arm][m])
-                    entry[m + "_speedup"] = {**e.as_dict(), "significant": e.excludes(1.0)}
+                    r = paired_ratio(series[ref][m], series[arm][m])
+                    entry[m + "_speedup"] = {**r.as_dict(), "significant": r.excludes(1.0)}
             if "final_accuracy" in spec.metrics:
-                e = paired_difference([_points(v) for v in series[arm]["final_accuracy"]],
+                d = paired_difference([_points(v) for v in series[arm]["final_accuracy"]],
                                       [_points(v) for v in series[ref]["final_accuracy"]])
-                entry["final_accuracy_points"] = {**e.as_dict(), "significant": e.excludes(0.0)}
+                entry["final_accuracy_points"] = {**d.as_dict(), "significant": d.excludes(0.0)}
             out[f"{arm} vs {ref}"] = entry
     return out
 
@@ -74,14 +74,19 @@ def _points(v: float | None) -> float | None:
     return None if v is None else 100 * v
 
 
+RATIO_CAPTION = ("speedups: geometric mean of the ratios paired by seed, with its 95 % CI on the log scale; "
+                 "*: the CI excludes 1× (significant at 5 %)")
+
+
 def study_table(spec: StudySpec, arms: dict[str, dict[str, dict]], comparisons: dict[str, Any],
                 target: float) -> Table:
-    t = Table(title=f"{spec.study}: mean ± 95 % CI over {spec.repeats} seeds; target {target:.4f}")
+    ref = spec.reference
+    ratios = [m for m in RATIO_METRICS if m in spec.metrics] if ref else []
+    t = Table(title=f"{spec.study}: mean ± 95 % CI over {spec.repeats} seeds; target {target:.4f}",
+              caption=RATIO_CAPTION if ratios else None)
     t.add_column("arm", justify="right")
     for m in spec.metrics:
         t.add_column(METRICS[m], justify="right")
-    ref = spec.reference
-    ratios = [m for m in RATIO_METRICS if m in spec.metrics] if ref else []
     for m in ratios:
         t.add_column(f"{RATIO_METRICS[m]} vs {ref}", justify="right")
     for arm, values in arms.items():
@@ -97,9 +102,8 @@ def study_table(spec: StudySpec, arms: dict[str, dict[str, dict]], comparisons: 
 def _ratio_text(c: dict[str, Any] | None) -> str:
     if c is None:
         return "—"
-    e = Estimate(**{k: v for k, v in c.items() if k != "significant"})
-    return e.text(".2f").replace(" (", "× (", 1) if e.missing and e.mean is not None else \
-        e.text(".2f") + ("×" if e.mean is not None else "") + (" *" if c["significant"] else "")
+    return RatioEstimate(**{k: v for k, v in c.items() if k != "significant"}).text() + \
+        (" *" if c["significant"] else "")
 
 
 def _format(metric: str) -> str:

@@ -1,4 +1,8 @@
-"""Means with 95 % confidence intervals (Student's t), and paired comparisons between arms by seed."""
+"""Means with 95 % confidence intervals (Student's t), and paired comparisons between arms by seed.
+
+A ratio (a speedup) is estimated on the log scale: the geometric mean of the per-seed ratios, with the t
+interval of their logarithms taken back (``RatioEstimate``). Its interval is asymmetric and never below
+0, and 0.5× is as far from 1× as 2× is; an arithmetic mean of ratios gives neither."""
 
 from __future__ import annotations
 
@@ -38,6 +42,42 @@ class Estimate:
         return self.mean is not None and self.ci95 is not None and abs(self.mean - value) > self.ci95
 
 
+@dataclass(frozen=True)
+class RatioEstimate:
+    """The geometric mean of ``n`` positive ratios and its 95 % confidence interval ``low``–``high`` (the t
+    interval of the logarithms, taken back; None if n < 2)."""
+
+    geomean: float | None
+    low: float | None
+    high: float | None
+    n: int
+    missing: int = 0
+    """Pairs without a ratio: a value missing on either side (e.g. the target never reached), or not > 0."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self, digits: int = 3, missing: str = "never") -> str:
+        """"geomean× (low–high)" to ``digits`` significant digits (a low bound near 0 keeps its own, never
+        shown as 0), and how many pairs had no ratio, called ``missing``."""
+        if self.geomean is None:
+            return missing if self.missing else "—"
+        out = _significant(self.geomean, digits) + "×"
+        if self.low is not None and self.high is not None:
+            out += f" ({_significant(self.low, digits)}–{_significant(self.high, digits)})"
+        return out + (f" ({self.missing} {missing})" if self.missing else "")
+
+    def excludes(self, value: float) -> bool:
+        """Whether the interval lies entirely on one side of ``value`` (> 0): significant at 5 % on the log
+        scale (1.0: the ratios differ from no change)."""
+        return self.low is not None and self.high is not None and not self.low <= value <= self.high
+
+
+def _significant(x: float, digits: int) -> str:
+    """``x`` to ``digits`` significant digits, trailing zeros kept (1.50, 0.00329, 116)."""
+    return format(x, f"#.{digits}g").rstrip(".")
+
+
 def estimate(values: Sequence[float | None]) -> Estimate:
     """Mean, sd and the 95 % t interval of the values that exist."""
     xs = [float(v) for v in values if v is not None and math.isfinite(v)]
@@ -52,9 +92,21 @@ def estimate(values: Sequence[float | None]) -> Estimate:
     return Estimate(mean, sd, half, len(xs), missing)
 
 
-def paired_ratio(reference: Sequence[float | None], arm: Sequence[float | None]) -> Estimate:
-    """reference_i / arm_i per seed (a speedup when the values are times), where both exist."""
-    return estimate([r / a if r is not None and a else None for r, a in zip(reference, arm)])
+def ratio_estimate(ratios: Sequence[float | None]) -> RatioEstimate:
+    """The geometric mean of the ratios that exist and are > 0, with the 95 % t interval of their logarithms
+    taken back to ratios."""
+    logs = estimate([math.log(r) if r is not None and r > 0 else None for r in ratios])
+    if logs.mean is None:
+        return RatioEstimate(None, None, None, 0, logs.missing)
+    half = logs.ci95
+    return RatioEstimate(math.exp(logs.mean), None if half is None else math.exp(logs.mean - half),
+                         None if half is None else math.exp(logs.mean + half), logs.n, logs.missing)
+
+
+def paired_ratio(reference: Sequence[float | None], arm: Sequence[float | None]) -> RatioEstimate:
+    """reference_i / arm_i per seed (a speedup when the values are times), where both exist, on the log
+    scale (``ratio_estimate``)."""
+    return ratio_estimate([r / a if r is not None and a else None for r, a in zip(reference, arm)])
 
 
 def paired_difference(arm: Sequence[float | None], reference: Sequence[float | None]) -> Estimate:
