@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 CONFIGS = Path(str(files("switchps.configs")))
 SWITCHPS = str(Path(sys.executable).parent / "switchps")
 SUMMARY_KEYS = {"final_test_accuracy", "best_test_accuracy", "wall_time_s", "updates", "samples",
-                "pushes_accepted", "pushes_rejected", "pushes_dropped", "protocol"}
+                "pushes_accepted", "pushes_rejected", "pushes_dropped", "protocol", "ps_shards", "framework", "device",
+                "hosts"}
 
 
 def run(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, Path | None]:
@@ -40,6 +41,7 @@ def check_run_dir(run_dir: Path) -> dict:
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
+    assert (summary["framework"], summary["hosts"]) == ("tensorflow", 1), "every role of a local run is on this host"
     assert len(rows(run_dir / "ps.csv")) == summary["updates"] > 0
     assert summary["final_version"] == summary["updates"], "the final accuracy is of the last version"
     evals = rows(run_dir / "eval.csv")
