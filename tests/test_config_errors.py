@@ -47,6 +47,8 @@ BAD = [
     ("seed 2**32", "seed: 4294967296", [], ["seed: Input should be less than or equal to 4294967295"]),
     ("steps 1.0e+12", "train: {steps: 1.0e+12}", [], ["train.steps: Input should be less than or equal to"]),
     ("threads 1000", "runtime: {intra_op_threads: 1000}", [], ["runtime.intra_op_threads: "]),
+    ("max_grad_norm 0", "runtime: {max_grad_norm: 0}", [],
+     ["runtime.max_grad_norm: Input should be greater than 0"]),
     # typos get the nearest key
     ("top-level typo", "protcol: {name: bsp}", [], ["protcol: unknown key (did you mean protocol?)"]),
     ("section typo", "protocol: {batchsize: 3}", [], ["protocol.batchsize: unknown key (did you mean batch?)"]),

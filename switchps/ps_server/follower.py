@@ -248,7 +248,8 @@ class Follower:
             if not init:  # a push's part: checked as shard 0 checks a push
                 self.store.check(h.layout_digest, h.nbytes)
             async with self.store.buffers.receiving(self.receive_timeout_s, size if init else None) as part:
-                if not await fill(PayloadWriter(part, check_finite=True), first, ctx, self.receive_timeout_s):
+                payload = PayloadWriter(part, check_finite=True)
+                if not await fill(payload, first, ctx, self.receive_timeout_s):
                     raise invalid("non_finite", "the part has NaN or inf values")
         except Rejected as r:
             self._tell(key, r)
@@ -261,12 +262,14 @@ class Follower:
             self.store.recycle(old)
         self._parts[key] = part
         self.traffic["in"] += part.nbytes
-        self._tell(key, None)
+        self._tell(key, None, payload.squares)
         return key, part
 
-    def _tell(self, key: Key, refusal: Rejected | None) -> None:
+    def _tell(self, key: Key, refusal: Rejected | None, squares: float = 0.0) -> None:
+        """Shard 0's verdict on a part: refused, or accepted with its squared norm (``squares``), which
+        shard 0 bounds with the other parts'."""
         assert self._out is not None
-        verdict = pb.Verdict(key=part_key(key))
+        verdict = pb.Verdict(key=part_key(key), squares=squares)
         if refusal is not None:
             verdict.reason, verdict.message = refusal.reason, str(refusal)
         self._out.put_nowait(pb.FollowerMessage(verdict=verdict))

@@ -52,7 +52,7 @@ from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.rejections import PUSHES, RejectionCounter
 from switchps.ps_server.optimizers import adjust_optimizer
-from switchps.ps_server.validate import check_eval, check_layout
+from switchps.ps_server.validate import check_eval, check_grad_norm, check_layout
 from switchps.refusals import Rejected, invalid, precondition
 
 SERVICE = "switchps.ParameterServer"
@@ -64,9 +64,10 @@ class ParameterServer:
 
     def __init__(self, core: Core, store: ModelStore, rec: RunRecorder, link: DuplexLink | None = None,
                  receive_timeout_s: float = 30.0, max_model_bytes: int = 2**33,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_grad_norm: float | None = None) -> None:
         self.core, self.store, self.rec, self.link, self.clock = core, store, rec, link, clock
         self.receive_timeout_s, self.max_model_bytes = receive_timeout_s, max_model_bytes
+        self.max_grad_norm = max_grad_norm  # ``runtime.max_grad_norm``: a push's bound per sample (``validate``)
         self.told_stop: set[int] = set()
         self.last_eval: pb.EvalReport | None = None
         self.final_eval: pb.EvalReport | None = None
@@ -322,10 +323,12 @@ class ParameterServer:
         if h.shared:  # copied out of the segment by ``fill``, then checked: the worker cannot race it
             segment, first = self.segments.payload(h.worker, first)
         async with self.store.buffers.receiving(self.receive_timeout_s) as grad:
-            if not await fill(PayloadWriter(grad, check_finite=True), first, ctx, timeout_s):
+            payload = PayloadWriter(grad, check_finite=True)
+            if not await fill(payload, first, ctx, timeout_s):
                 raise invalid("non_finite", "gradient has NaN or inf values")
+            check_grad_norm(payload.squares, h.samples, self.max_grad_norm)
         return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
-                    step=report.step, session=h.session), report, grad, segment
+                    step=report.step, session=h.session, squares=payload.squares), report, grad, segment
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None, worker: int,
                     segment: Segment | None = None, whole: bool = False) -> AsyncIterator[bytes]:

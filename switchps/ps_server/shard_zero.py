@@ -25,6 +25,7 @@ from switchps.protos.segment import Segment
 from switchps.ps_server.events import Action, Push, StepReport
 from switchps.ps_server.service import ParameterServer
 from switchps.ps_server.shards import INIT_STEP, Key, Leader, part_key
+from switchps.ps_server.validate import check_grad_norm
 from switchps.refusals import Rejected, precondition
 
 
@@ -106,8 +107,8 @@ class ShardZero(ParameterServer):
             if keys:
                 self.leader.drop(keys[0], str(e))
             raise
-        try:
-            await self.leader.verdict(keys[0])
+        try:  # the norm bound is on the whole push (part 0 alone passed it): every part's squares, added up
+            check_grad_norm(p.squares + await self.leader.verdict(keys[0]), p.samples, self.max_grad_norm)
         except BaseException as e:
             self.store.recycle(grad)
             self.leader.drop(keys[0], str(e))

@@ -128,9 +128,10 @@ class Leader:
 
     # ---- verdicts --------------------------------------------------------------------------------
 
-    async def verdict(self, key: Key) -> None:
-        """Return once every follower has accepted its part of ``key``; ``Rejected`` naming the shard
-        and its reason if one refused it, or if a part did not arrive within ``wait_s``."""
+    async def verdict(self, key: Key) -> float:
+        """Once every follower has accepted its part of ``key``, the sum of their parts' squared norms;
+        ``Rejected`` naming the shard and its reason if one refused it, or if a part did not arrive within
+        ``wait_s``."""
         got = self.verdicts.setdefault(key, {})
         if not self._decided(got):
             fut = self.waiting[key] = asyncio.get_running_loop().create_future()
@@ -148,6 +149,7 @@ class Leader:
             if shard not in got:
                 raise Rejected("UNAVAILABLE", f"shard{shard}:no_part", f"PS shard {shard} got no part of this "
                                                                        f"push within {self.wait_s:g}s")
+        return sum(v.squares for v in got.values())
 
     def _decided(self, got: dict[int, pb.Verdict]) -> bool:
         return len(got) == self.followers or any(v.reason for v in got.values())
