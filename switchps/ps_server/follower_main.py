@@ -43,7 +43,7 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
                        receive_slots=cfg.cluster.num_workers + 1)
     follower = Follower(shard, len(cfg.cluster.shards), leader, client_security(cfg, "shard", shard), store,
                         cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s, part_dir(run_dir, shard),
-                        cfg.checkpoint.keep)
+                        cfg.checkpoint.keep, workers=cfg.cluster.num_workers)
     sampler = ResourceSampler(f"ps-{shard}", run_dir / "resources.csv")
     server = bind_server(follower, cfg, run_dir, shard, reuse=True)  # workers know the port it had
     tensorboard = EventFile(run_dir / "tensorboard" / f"shard-{shard}")

@@ -35,7 +35,6 @@ import grpc
 import numpy as np
 from prometheus_client import Gauge
 
-from switchps.auth import authorize_worker
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (PayloadWriter, aencode, decode, encode, fill, first_frame, joined, parse,
                                    whole_frame)
@@ -44,13 +43,13 @@ from switchps.protos.segment import Segment
 from switchps.ps_server.attachments import Attachments, write_values
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.guard import Guard
+from switchps.ps_server.guard import Guard, as_worker
 from switchps.ps_server.events import (Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer,
                                        StepReport, WorkOrder)
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.rejections import PUSHES, RejectionCounter
+from switchps.ps_server.rejections import PUSHES, RejectionCounter, refuse
 from switchps.ps_server.optimizers import adjust_optimizer
 from switchps.ps_server.validate import check_eval, check_grad_norm, check_layout
 from switchps.refusals import Rejected, invalid, precondition
@@ -167,7 +166,7 @@ class ParameterServer:
     async def register(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.RegisterReply:
         try:
             req = parse(body, pb.RegisterRequest)
-            self._as_worker(ctx, req.worker, "Register")
+            as_worker(self.guard, ctx, req.worker, "Register")
             check_layout(req.layout, self.max_model_bytes)
             self.core.check_register(req.worker, req.partition_size)
             first = self._adopt(req)
@@ -218,7 +217,7 @@ class ParameterServer:
         """Take a worker's shared-memory segment for its pushes, if it is on this host (``protos/segment``)."""
         try:
             req = parse(body, pb.AttachRequest)
-            self._as_worker(ctx, req.worker, "Attach")
+            as_worker(self.guard, ctx, req.worker, "Attach")
             return self.segments.attach(req, req.worker in self.core.members.registered)
         except Rejected as r:
             await self._reject(ctx, "attach", r)
@@ -230,7 +229,7 @@ class ParameterServer:
         try:
             worker, layout, values = await self._receive_init(ctx)
         except Rejected as r:
-            self._refuse(ctx, "init", r)
+            refuse(ctx, self.count_rejection, "init", r)
             return
         self.store.initialize(layout, values)
         self.rec.event("model_initialized", worker=worker, parameters=int(values.size))
@@ -239,7 +238,7 @@ class ParameterServer:
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
         header, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.InitHeader)
-        self._as_worker(ctx, header.worker, "Init")
+        as_worker(self.guard, ctx, header.worker, "Init")
         layout = self.layout
         if layout is None:
             raise precondition("not_registered", "register before Init")
@@ -258,7 +257,7 @@ class ParameterServer:
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
             req, _ = decode(request, pb.PullRequest)
-            self._as_worker(ctx, req.worker, "Pull")
+            as_worker(self.guard, ctx, req.worker, "Pull")
             if req.worker != -1 and req.worker not in self.core.members.registered:
                 raise invalid("unknown_worker", f"unknown worker id {req.worker}")
         except Rejected as r:
@@ -285,7 +284,7 @@ class ParameterServer:
         try:
             p, report, grad, segment = await self._receive_push(ctx, whole)
         except Rejected as r:
-            self._refuse(ctx, "push", r)
+            refuse(ctx, self.count_rejection, "push", r)
             return
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
             self.count_rejection("push", Rejected("CANCELLED", "cancelled", "cancelled by the client"))
@@ -315,7 +314,7 @@ class ParameterServer:
         h, first = decode(whole if whole is not None else await first_frame(ctx, self.receive_timeout_s),
                           pb.PushHeader)
         named(h)
-        self._as_worker(ctx, h.worker, "Push")
+        as_worker(self.guard, ctx, h.worker, "Push")
         self.store.check(h.layout_digest, h.nbytes)
         report = _report(h.stats)
         self.core.check_push(h.worker, h.samples, h.base_version, report, self.clock(), h.session)
@@ -359,24 +358,11 @@ class ParameterServer:
     # ---- frames and rejections ----------------------------------------------------------------
 
     async def _reject(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> NoReturn:
+        """Count ``r`` and end the call by raising (``ctx.abort``), from a handler that read no payload
+        frames; after payload frames, ``rejections.refuse``."""
         self.count_rejection(rpc, r)
         await ctx.abort(getattr(grpc.StatusCode, r.code), str(r))
         raise AssertionError("abort returned")  # pragma: no cover - grpc's abort always raises
-
-    def _refuse(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> None:
-        """``_reject`` for a call that has read payload frames: the handler returns after it, so no exception
-        ends the call. ``ctx.abort`` keeps its exception in the call's state, and its traceback the frames
-        read: a reference cycle only the cyclic collector frees, seldom in the PS (refused pushes held tens
-        of MB a round; ``README``, memory under hostile input; grpc/grpc#17899 is the same in the sync server)."""
-        self.count_rejection(rpc, r)
-        ctx.set_code(getattr(grpc.StatusCode, r.code))
-        ctx.set_details(str(r))
-
-    def _as_worker(self, ctx: grpc.aio.ServicerContext, worker: int, rpc: str) -> None:
-        """With a guard, ``Rejected`` (PERMISSION_DENIED) unless the caller's token is worker ``worker``'s
-        (-1: the caller must not be a worker)."""
-        if self.guard is not None:
-            authorize_worker(self.guard.admitted(ctx.invocation_metadata()), worker, rpc)
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
