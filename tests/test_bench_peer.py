@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -360,3 +363,18 @@ def test_raw_baseline_sends_one_unary_message_where_switchps_does_and_streams_ab
     finally:
         server.stop(None)
     assert seen == [("unary", limit)] * 4 + [("stream", limit + 4)] * 4  # 3 warm-up round trips and 1 timed
+
+
+def test_record_keeps_a_benchmark_s_json_with_its_command_and_commit(tmp_path: Path) -> None:
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    cmd = [sys.executable, str(bench / "record.py"), "probe", "--dir", str(tmp_path), "--",
+           sys.executable, "-c", "print('{\"steps_per_s\": 12.5}')"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "probe.json").read_text())
+    assert doc["result"] == {"steps_per_s": 12.5} and shlex.split(doc["command"]) == cmd[6:]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=bench).stdout
+    assert doc["commit"] == head.strip() and doc["cpus"] == os.cpu_count()
+    failed = subprocess.run([*cmd[:3], "--dir", str(tmp_path), "--", sys.executable, "-c", "raise SystemExit(3)"],
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode != 0 and "exited 3" in failed.stderr
