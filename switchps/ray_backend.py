@@ -309,8 +309,8 @@ class RayBackend:
         if not ready:
             remove_placement_group(self.pg)
             self.pg = None
-            raise LaunchError(f"Ray could not place the roles ({spec.strategy}: {asked(self.bundles)}) within "
-                              f"{spec.placement_timeout_s:g} s; the cluster has {ray.cluster_resources()}"
+            raise LaunchError(f"Ray could not place the roles ({spec.strategy}: {placement.listed(self.bundles)}) "
+                              f"within {spec.placement_timeout_s:g} s; the cluster has {ray.cluster_resources()}"
                               + (f"; {problem}" if problem else ""))
 
     def start(self, role: RoleSpec) -> RayRole:
@@ -369,18 +369,6 @@ def _options(bundle: dict[str, float], max_restarts: int) -> dict[str, Any]:
     if custom:
         options["resources"] = custom
     return options
-
-
-def asked(bundles: dict[str, dict[str, float]]) -> str:
-    """The bundles by role, each run of equal ones once (``worker-0..63 {'CPU': 1.0}``)."""
-    runs: list[tuple[list[str], dict[str, float]]] = []
-    for role, b in bundles.items():
-        if runs and runs[-1][1] == b and placement.kind(runs[-1][0][-1]) == placement.kind(role):
-            runs[-1][0].append(role)
-        else:
-            runs.append(([role], b))
-    return ", ".join(f"{names[0]}{'..' + names[-1].rpartition('-')[2] if len(names) > 1 else ''} {b}"
-                     for names, b in runs)
 
 
 def run_secret(cfg: RunConfig) -> dict[str, str]:

@@ -55,6 +55,18 @@ def bundles(spec: RaySpec, roles: list[str], local_cpus: float | None = None) ->
     return out
 
 
+def listed(group: dict[str, dict[str, float]]) -> str:
+    """The bundles by role, a run of equal ones of one kind once (``worker-0..63 {'CPU': 1.0}``)."""
+    runs: list[tuple[list[str], dict[str, float]]] = []
+    for role, b in group.items():
+        if runs and runs[-1][1] == b and kind(runs[-1][0][-1]) == kind(role):
+            runs[-1][0].append(role)
+        else:
+            runs.append(([role], b))
+    return ", ".join(f"{names[0]}{'..' + names[-1].rpartition('-')[2] if len(names) > 1 else ''} {b}"
+                     for names, b in runs)
+
+
 def total(amounts: Iterable[dict[str, float]]) -> dict[str, float]:
     out: Counter[str] = Counter()
     for a in amounts:
@@ -124,4 +136,5 @@ def unplaceable(spec: RaySpec, roles: list[str], nodes: list[dict[str, float]],
     if why is None:
         return None
     fix = fitting_cpus(spec, roles, nodes, local_cpus)
-    return f"Ray cannot place the roles ({spec.strategy}) on this cluster: {why}" + (f"; they would fit with {fix}" if fix else "")
+    return (f"Ray cannot place the roles ({spec.strategy}) on this cluster: {why}"
+            + (f"; they would fit with {fix}" if fix else ""))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from switchps.ray_config import RaySpec
-from switchps.ray_placement import bundles, misfit, unplaceable
+from switchps.ray_placement import bundles, listed, misfit, unplaceable
 
 ROLES = ["ps", "evaluator", *(f"worker-{i}" for i in range(4))]
 TWO_CPUS = [{"CPU": 2.0, "memory": 8e9, "node:127.0.0.1": 1.0}]
@@ -48,3 +48,11 @@ def test_the_error_names_the_num_cpus_settings_that_would_fit():
     assert local is not None and "they would fit with every cluster.ray.*.num_cpus left unset" in local
     pinned = unplaceable(spec(ps={"resources": {"node_a": 1}}), ROLES, TWO_CPUS)
     assert pinned is not None and "would fit" not in pinned, "no CPU setting offers node_a"
+
+
+def test_the_roles_asked_for_are_listed_a_run_of_equal_bundles_once():
+    group = bundles(spec(ps={"num_cpus": 2}), ["ps", "ps-1", "evaluator", *(f"worker-{i}" for i in range(64))])
+    assert listed(group) == "ps..1 {'CPU': 2.0}, evaluator {'CPU': 1.0}, worker-0..63 {'CPU': 1.0}"
+    assert RaySpec.model_validate({"worker": {}}).worker.num_cpus is None, "unset: a CPU, or a local share"
+    with pytest.raises(ValueError, match="reserves nothing"):
+        RaySpec.model_validate({"worker": {"num_cpus": 0}})
