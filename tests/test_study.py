@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,24 @@ def test_the_packaged_studies_load_and_their_arms_are_valid_run_configs():
     assert asp.optimizer.params["momentum"] == pytest.approx(0.025)
     replay = spec.run_config("hybrid", 1, Path("/tmp/x"), Path("/tmp/bsp/stragglers.csv"))
     assert replay.stragglers.trace == "/tmp/bsp/stragglers.csv" and replay.stragglers.transient is None
+
+
+def test_a_packaged_study_simulates_with_the_readmes_fitted_push_cost_and_a_users_set_wins():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    fit = re.search(r"sim_vs_real\.py compare .* --overhead ([0-9.]+) --jitter ([0-9.]+)", readme)
+    assert fit is not None, "the README's fitted values"
+    fitted = (float(fit[1]), float(fit[2]))
+    for name in ("amb-vs-fmb", "dynamic-batching", "switch-config", "sync-switch"):
+        spec = load_study(packaged(name), simulate=True)
+        assert "bench/sim_vs_real.py fit" in spec.simulation.source, "it says where the values come from"
+        for arm in spec.arms:
+            net = spec.run_config(arm, 0, Path("/tmp/x"), None).network
+            assert (net.push_overhead_s, net.push_jitter_s) == fitted, f"{name}: {arm}"
+        real = load_study(packaged(name)).run_config(next(iter(spec.arms)), 0, Path("/tmp/x"), None).network
+        assert real.push_overhead_s == real.push_jitter_s == 0, "a real run pays its own"
+    user = load_study(packaged("sync-switch"), ["network.push_overhead_s=0"], simulate=True)
+    net = user.run_config("hybrid", 0, Path("/tmp/x"), None).network
+    assert (net.push_overhead_s, net.push_jitter_s) == (0, fitted[1]), "the user's --set wins, the rest stays"
 
 
 @pytest.mark.parametrize("edit, problem", [
