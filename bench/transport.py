@@ -159,7 +159,12 @@ def raw_client(port: int, nbytes: int, chunk_bytes: int, reps: int, tuned: bool)
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options()) as ch:
         call = ch.stream_stream("/raw.Echo/Echo", request_serializer=None, response_deserializer=None)
         grpc.channel_ready_future(ch).result(timeout=30)
-        return _timed(lambda: sum(len(f) for f in call(iter(chunks))), reps)
+
+        def round_trip() -> None:
+            if (got := sum(len(f) for f in call(iter(chunks)))) != nbytes:
+                raise RuntimeError(f"the echo returned {got} bytes of {nbytes}")
+
+        return _timed(round_trip, reps)
 
 
 def bench_switchps(address: str, nbytes: int, worker: int, reps: int, security: ClientSecurity = ClientSecurity(),
@@ -178,10 +183,13 @@ def bench_switchps(address: str, nbytes: int, worker: int, reps: int, security: 
         raise RuntimeError("the PS did not attach this host's segment")
     grad = np.ones(size, np.float32)
 
-    def push() -> None:
+    def push() -> None:  # each push is applied (ASP) and its reply carries the new version's values
         nonlocal version
         header = pb.PushHeader(worker=worker, base_version=version, samples=1, layout_digest=layout.digest)
-        version = client.push(header, grad, params).order.version
+        r = client.push(header, grad, params)
+        if not (r.fresh and r.values.nbytes == nbytes and r.order.version == version + 1):
+            raise RuntimeError(f"a push at version {version} got version {r.order.version}, {r.values.nbytes} bytes")
+        version = r.order.version
 
     before = COPIES.bytes_copied
     seconds = _timed(push, reps)
