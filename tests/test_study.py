@@ -107,8 +107,9 @@ def test_recovery_is_counted_from_after_the_dip_not_from_a_high_evaluation_befor
 def test_the_study_figure_is_each_arm_s_mean_accuracy_with_its_band_over_its_protocol_timeline(tmp_path):
     spec = StudySpec(study="s", base={"train": {"steps": 5}}, arms={"a": {}, "b": {}}, repeats=2,
                      target={"absolute": 0.7}, metrics=["final_accuracy"], smooth_evals=1)
-    runs = {("a", 0): fake_run(tmp_path / "a0", [0.5, 0.7, 0.9]), ("a", 1): fake_run(tmp_path / "a1", [0.3, 0.5, 0.7, 0.8]),
-            ("b", 0): fake_run(tmp_path / "b0", [0.6, 0.6, 0.6]), ("b", 1): fake_run(tmp_path / "b1", [0.6, 0.8, 1.0])}
+    accuracies = {("a", 0): [0.5, 0.7, 0.9], ("a", 1): [0.3, 0.5, 0.7, 0.8], ("b", 0): [0.6, 0.6, 0.6],
+                  ("b", 1): [0.6, 0.8, 1.0]}
+    runs = {(arm, r): fake_run(tmp_path / f"{arm}{r}", acc) for (arm, r), acc in accuracies.items()}
     (runs["b", 0] / "ps.csv").write_text("time_s,version,protocol\n" + "".join(  # b's first seed switches at 1.5 s
         f"{v / 10},{v},{'bsp' if v <= 15 else 'asp'}\n" for v in range(1, 31)))
     curves, lane_a, lane_b = plot_study(spec, runs, 0.7, tmp_path / "study.png").axes
@@ -121,10 +122,11 @@ def test_the_study_figure_is_each_arm_s_mean_accuracy_with_its_band_over_its_pro
     for band, line, seeds in zip(curves.collections, (a, b), ([0.9, 0.7], [0.6, 1.0])):  # at 3 s
         top = max(yv for xv, yv in band.get_paths()[0].vertices if xv == 3.0)
         assert top == pytest.approx(line.get_ydata()[-1] + estimate(seeds).ci95)
-    spans = lambda lane: [(p.get_x(), p.get_x() + p.get_width(), p.get_facecolor()[:3]) for p in lane.patches]  # noqa: E731
     rgb = {p: matplotlib.colors.to_rgb(c) for p, c in PROTOCOL_COLORS.items()}
-    assert spans(lane_a) == [(0.0, 3.0, rgb["bsp"])]
-    assert spans(lane_b) == [(0.0, 1.5, rgb["bsp"]), (1.5, 3.0, rgb["asp"])], "the first seed's protocols"
+    spans = {lane: [(p.get_x(), p.get_x() + p.get_width(), p.get_facecolor()[:3]) for p in lane.patches]
+             for lane in (lane_a, lane_b)}
+    assert spans[lane_a] == [(0.0, 3.0, rgb["bsp"])]
+    assert spans[lane_b] == [(0.0, 1.5, rgb["bsp"]), (1.5, 3.0, rgb["asp"])], "the first seed's protocols"
 
 
 def test_an_interrupted_study_runs_only_what_is_missing(tmp_path, monkeypatch):
