@@ -13,6 +13,8 @@ import pytest
 from rich.console import Console
 
 from matplotlib.axes import Axes
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
 from switchps.compare import RunResult, compare_runs, comparison, load_result, results_table, time_to_target
 from switchps.plots import DPI, PLOT_FILES, plot_run, run_figures
@@ -101,15 +103,22 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+def xy(ln: Line2D) -> tuple[list[float], list[float]]:
+    """A line's (x, y) data."""
+    return np.asarray(ln.get_xdata(), float).tolist(), np.asarray(ln.get_ydata(), float).tolist()
+
+
 def line(ax: Axes, label: str) -> tuple[list[float], list[float]]:
     """The (x, y) data of the line labelled ``label``."""
     (found,) = [ln for ln in ax.lines if ln.get_label() == label]
-    return list(map(float, found.get_xdata())), list(map(float, found.get_ydata()))
+    return xy(found)
 
 
 def phases(ax: Axes) -> list[tuple[str, float, float]]:
     """The shaded protocol bands: (legend label, start, end)."""
-    return [(p.get_label(), p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
+    bands = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert len(bands) == len(ax.patches)
+    return [(str(p.get_label()), p.get_x(), p.get_x() + p.get_width()) for p in bands]
 
 
 def bars(ax: Axes) -> dict[str, list[tuple[float, float, float]]]:
@@ -249,15 +258,14 @@ def test_compare_runs_and_table(tmp_path: Path) -> None:
     _, fig = comparison(dirs, 0.9)
     by_time, by_version, loss, rate = fig.axes
     curves = [ln for ln in by_time.lines if ln.get_marker() == "o"]
-    assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in curves] == [
-        ([t for t, _ in points], [a for _, a in points]) for points in (FAST, SLOW, NEVER)]
+    assert [xy(ln) for ln in curves] == [([t for t, _ in p], [a for _, a in p]) for p in (FAST, SLOW, NEVER)]
     assert [ln.get_label() for ln in curves] == ["mnist (a) [bsp→asp]", "slow [ssp]", "mnist (c) [amb]"]
-    stars = [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in by_time.lines if ln.get_marker() == "*"]
+    stars = [xy(ln) for ln in by_time.lines if ln.get_marker() == "*"]
     assert stars == [([5.0], [0.9]), ([8.0], [0.9])], "a star where each run first reached the target"
-    assert [list(ln.get_xdata()) for ln in by_version.lines[:3]] == [[2 * t for t, _ in p] for p in (FAST, SLOW, NEVER)]
-    assert all(list(ln.get_ydata()) == [LOSS[i] for i in HAS_LOSS] for ln in loss.lines)
+    assert [xy(ln)[0] for ln in by_version.lines[:3]] == [[2 * t for t, _ in p] for p in (FAST, SLOW, NEVER)]
+    assert all(xy(ln)[1] == [LOSS[i] for i in HAS_LOSS] for ln in loss.lines)
     for ln in rate.lines:  # 64 samples an update, an update every 0.5 s (the last, at 10 s, in the last bin)
-        x, y = list(ln.get_xdata()), list(ln.get_ydata())
+        x, y = xy(ln)
         assert x == [2.0, 4.0, 6.0, 8.0, 10.0] and sum(y) * 2.0 == 64 * 20 and y[1:4] == [128.0] * 3
 
     console = Console(file=io.StringIO(), width=200, record=True)
