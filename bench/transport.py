@@ -192,10 +192,21 @@ def raw_client(port: int, nbytes: int, chunk_bytes: int, reps: int, tuned: bool)
         grpc.channel_ready_future(ch).result(timeout=30)
         if kind == "unary":
             payload, unary = bytes(nbytes), ch.unary_unary(method, request_serializer=None, response_deserializer=None)
-            return _timed(lambda: len(unary(payload)), reps)
-        chunks = [bytes(min(chunk_bytes, nbytes - i)) for i in range(0, nbytes, chunk_bytes)]
-        stream = ch.stream_stream(method, request_serializer=None, response_deserializer=None)
-        return _timed(lambda: sum(len(f) for f in stream(iter(chunks))), reps)
+
+            def returned() -> int:
+                return len(unary(payload))
+        else:
+            chunks = [bytes(min(chunk_bytes, nbytes - i)) for i in range(0, nbytes, chunk_bytes)]
+            stream = ch.stream_stream(method, request_serializer=None, response_deserializer=None)
+
+            def returned() -> int:
+                return sum(len(f) for f in stream(iter(chunks)))
+
+        def round_trip() -> None:
+            if (got := returned()) != nbytes:
+                raise RuntimeError(f"the echo returned {got} bytes of {nbytes}")
+
+        return _timed(round_trip, reps)
 
 
 def bench_switchps(address: str, nbytes: int, worker: int, reps: int, security: ClientSecurity = ClientSecurity(),
@@ -214,10 +225,13 @@ def bench_switchps(address: str, nbytes: int, worker: int, reps: int, security: 
         raise RuntimeError("the PS did not attach this host's segment")
     grad = np.ones(size, np.float32)
 
-    def push() -> None:
+    def push() -> None:  # each push is applied (ASP) and its reply carries the new version's values
         nonlocal version
         header = pb.PushHeader(worker=worker, base_version=version, samples=1, layout_digest=layout.digest)
-        version = client.push(header, grad, params).order.version
+        r = client.push(header, grad, params)
+        if not (r.fresh and r.values.nbytes == nbytes and r.order.version == version + 1):
+            raise RuntimeError(f"a push at version {version} got version {r.order.version}, {r.values.nbytes} bytes")
+        version = r.order.version
 
     before = COPIES.bytes_copied
     seconds = _timed(push, reps)

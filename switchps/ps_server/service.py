@@ -56,6 +56,7 @@ from switchps.refusals import Rejected, invalid, precondition
 
 SERVICE = "switchps.ParameterServer"
 VERSION = Gauge("switchps_model_version", "Current model version")
+PUSH_STREAMS = Gauge("switchps_push_streams", "Push streams open on the PS: being read or awaiting their reply")
 
 
 class ParameterServer:
@@ -272,8 +273,9 @@ class ParameterServer:
 
     async def push(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """A push as a stream of frames (models larger than one frame), read with ``ctx.read``."""
-        async for frame in self._push(ctx):
-            yield frame
+        with PUSH_STREAMS.track_inprogress():
+            async for frame in self._push(ctx):
+                yield frame
 
     async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         """A push in one message, answered with one (a payload of at most ``codec.whole_limit``)."""
