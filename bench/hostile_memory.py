@@ -128,7 +128,8 @@ class HostilePS:
 
     def close(self) -> None:
         self.channel.close()
-        self._conn.send("stop")
+        if self.proc.is_alive():  # a PS an attack killed hears nothing
+            self._conn.send("stop")
         self.proc.join(10)
         if self.proc.is_alive():
             self.proc.kill()

@@ -1,10 +1,15 @@
 """Refused oversize pushes cost bounded memory: frames are refused from their declared length, at most a
-fixed number of payloads are received at once, and what a refused push held goes back to the OS."""
+fixed number of payloads are received at once, and what a refused push held goes back to the OS. A
+worker's shared-memory segment cannot be cut short under a PS process."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import os
+import secrets
+import socket
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -14,7 +19,10 @@ import pytest
 
 from conftest import wait_until
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import encode, receive_limit
+from switchps.protos.codec import decode_header, encode, receive_limit
+from switchps.protos.local_socket import LENGTH, frame, status
+from switchps.protos.segment import Segment, available, file_bytes
+from switchps.worker.local_line import LocalLine
 from switchps.refusals import Rejected
 from switchps.ps_server.model import BufferPool
 
@@ -50,6 +58,75 @@ def test_rounds_of_refused_oversize_pushes_leave_the_ps_memory_flat(monkeypatch)
     idle, *after = r["rss_mb"]
     assert max(after) - idle < ABOVE_IDLE_MB, r["rss_mb"]
     assert after[-1] - after[1] < GROWTH_MB, r["rss_mb"]
+
+
+@pytest.mark.skipif(not available(), reason="no memory files on this host")
+def test_a_segment_cut_short_under_a_ps_process_is_refused_counted_and_the_ps_serves_on(monkeypatch):
+    """A worker that attached a /dev/shm file, cut it to 0 bytes (keeping its descriptor) and pushed through
+    it killed the PS (SIGBUS, exit -7, nothing in its log). Now: a named file is refused, an unsealed memory
+    file is refused, and a sealed one cannot be cut short; every refusal has a status and a count, and the
+    PS applies the next push."""
+    ps = _bench(monkeypatch).HostilePS(model_mb=4096 / 2**20)
+    nbytes = ps.size * 4
+    attach = ps.channel.unary_unary("/switchps.ParameterServer/Attach", pb.AttachRequest.SerializeToString,
+                                    pb.AttachReply.FromString)
+    push = ps.channel.unary_unary("/switchps.ParameterServer/PushSmall", request_serializer=None,
+                                  response_deserializer=None)
+    shared = ps.frame0(shared=True)
+    try:
+        name, nonce = f"switchps-{secrets.token_hex(16)}", secrets.token_bytes(16)  # a segment as it once was
+        named = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(named, file_bytes(nbytes))
+        os.pwrite(named, nonce, 0)
+        request = pb.AttachRequest(worker=0, name=name, nonce=nonce, nbytes=nbytes)
+        codes = [_code(lambda: attach(request, timeout=10))]
+        os.unlink(f"/dev/shm/{name}")
+        os.ftruncate(named, 0)
+        codes.append(_code(lambda: push(shared, timeout=10)))
+        assert codes == ["INVALID_ARGUMENT", "FAILED_PRECONDITION"] and ps.proc.is_alive(), (codes, ps.proc.exitcode)
+        os.close(named)
+
+        reply = attach(pb.AttachRequest(worker=0, nonce=nonce, nbytes=nbytes), timeout=10)
+        unsealed = os.memfd_create("hostile")  # the right size and nonce, but it can be cut short
+        os.ftruncate(unsealed, file_bytes(nbytes))
+        os.pwrite(unsealed, nonce, 0)
+        assert reply.attached and _first_frame_answer(reply.socket, unsealed) == "INVALID_ARGUMENT"
+        os.ftruncate(unsealed, 0)
+        assert _code(lambda: push(shared, timeout=10)) == "FAILED_PRECONDITION"
+        os.close(unsealed)
+
+        segment = Segment.create(nbytes)
+        reply = attach(pb.AttachRequest(worker=0, nonce=segment.nonce, nbytes=nbytes), timeout=10)
+        line = LocalLine(reply.socket, "", segment.fd, timeout_s=10)  # answered OK: the PS mapped it
+        with pytest.raises(PermissionError):
+            os.ftruncate(segment.fd, 0)
+        segment.grad[:] = 1
+        assert decode_header(line.push(shared), pb.PushReply)[0].applied
+        line.close()
+        segment.close_fd()
+        state = ps.state(refused=4)
+        assert state["rejections"] == {"attach:segment": 2, "push:not_attached": 2} and state["version"] == 1
+        assert ps.proc.is_alive()
+    finally:
+        ps.close()
+
+
+def _code(call) -> str:
+    try:
+        call()
+        return "OK"
+    except grpc.RpcError as e:
+        return e.code().name
+
+
+def _first_frame_answer(path: str, fd: int) -> str:
+    """The PS's answer to a first frame (no token) sent with descriptor ``fd``."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect("\0" + path[1:])
+        socket.send_fds(s, [frame(b"")], [fd])
+        (n,) = LENGTH.unpack(s.recv(LENGTH.size, socket.MSG_WAITALL))
+        return status(s.recv(n, socket.MSG_WAITALL)[0]).name
 
 
 def test_a_frame_over_one_chunk_and_a_header_is_refused_before_it_is_read(cluster_factory):

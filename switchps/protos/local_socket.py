@@ -6,9 +6,12 @@ Unix socket (``bench/ceiling.py``), and about 2 ms of a 784k step's 6.4 under lo
 listens on a Unix socket, named in ``AttachReply.socket`` (``@name``: in Linux's abstract namespace).
 
 Each frame, either way, is ``u32 little-endian length || body``, at most ``MAX_FRAME`` bytes. The
-worker's first frame is its token (empty on a PS without authentication); each later one is a push,
-the very bytes a ``PushSmall`` call would carry. Each answer is one frame: ``u8 status`` (a gRPC status
-code's value, 0 for OK), then the ``PushSmall`` reply's bytes (OK) or the error's details (UTF-8).
+worker's first frame is its token (empty on a PS without authentication), sent with its segment's
+descriptor (``SCM_RIGHTS``: one descriptor, ``protos/segment.py``); it must be whole within the PS's
+``receive_timeout_s`` of the connection, and is answered: OK once the PS has mapped the segment, else the
+refusal, and the connection ends. Each later frame is a push, the very bytes a ``PushSmall`` call would
+carry. Each answer is one frame: ``u8 status`` (a gRPC status code's value, 0 for OK), then the
+``PushSmall`` reply's bytes (OK; none for the first frame's) or the error's details (UTF-8).
 """
 
 from __future__ import annotations

@@ -2,38 +2,37 @@
 
 A round trip of a 784k-parameter model through gRPC's Python API costs about 2.3 ms of CPU more than
 an empty one (``bench/ceiling.py``); through a segment it costs two copies. The worker makes the
-segment, ``/dev/shm/switchps-<32 hex>`` (its own, mode 0600): ``HEADER`` bytes starting with a random
-nonce, then a gradient area and a values area of ``nbytes`` each, each starting on an ``ALIGN``-byte
-boundary (so the worker's TF reads the values in place). It sends the name and the nonce
-over its authenticated channel (``Attach``); a PS that can open the file, finds it a regular file of
-its own user of exactly that size and reads the same nonce, uses it for that worker's pushes. The
-worker then removes the name: both keep their mapping, and a crash leaves nothing behind. A PS on
-another host cannot see the file, and the worker stays on gRPC bytes.
+segment: a memory file (``memfd_create``, no name) of ``file_bytes(nbytes)``: ``HEADER`` bytes starting
+with a random nonce, then a gradient area and a values area of ``nbytes`` each, each starting on an
+``ALIGN``-byte boundary (so the worker's TF reads the values in place), sealed against shrinking and
+growing. It sends the nonce over its authenticated channel (``Attach``), then the file's descriptor
+with its first frame on the PS's Unix socket (``protos/local_socket.py``); a PS that finds it a memory
+file so sealed, of exactly that size, holding that nonce, maps it for that worker's pushes. A PS on
+another host cannot reach the socket, and the worker stays on gRPC bytes; a crash leaves no file.
 
-The PS copies a gradient out of the segment before checking it, so a worker that writes while the PS
-reads changes only what it pushes, never what the PS applies after the checks.
+The seals are what let the PS map memory a worker controls: a worker that could cut its file short
+would leave the PS's mapping past the file's end, and the PS's next copy would die of SIGBUS. The PS
+copies a gradient out of the segment before checking it, so a worker that writes while the PS reads
+changes only what it pushes, never what the PS applies after the checks.
 """
 
 from __future__ import annotations
 
-import hmac
+import fcntl
 import mmap
 import os
-import re
 import secrets
-import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from switchps.protos.codec import ALIGN
 from switchps.refusals import invalid
 
-DIR = Path("/dev/shm")
-NAME = re.compile(r"switchps-[0-9a-f]{32}\Z")
 HEADER = 64
 NONCE_BYTES = 16
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+"""The seals a PS requires of a segment (its maker adds ``F_SEAL_SEAL`` too: nothing can lift them)."""
 NOT_ATTACHED = "has no attached segment"
 """In the PS's refusal of a push through a segment it does not know (after a restart of the PS)."""
 
@@ -48,18 +47,19 @@ def _area(nbytes: int) -> int:
 
 
 def available() -> bool:
-    """Whether this host has a shared-memory file system to make segments in."""
-    return DIR.is_dir() and os.access(DIR, os.W_OK)
+    """Whether this host makes memory files (Linux)."""
+    return hasattr(os, "memfd_create")
 
 
 @dataclass
 class Segment:
-    """One mapped segment: ``grad`` and ``values`` are float32 views of its two areas."""
+    """One mapped segment: ``grad`` and ``values`` are float32 views of its two areas. ``fd``: the maker's
+    descriptor, until it has sent it (``close_fd``); -1 on the PS's side, which keeps only the mapping."""
 
-    name: str
     nonce: bytes
     nbytes: int
     _map: mmap.mmap = field(repr=False)
+    fd: int = -1
 
     def __post_init__(self) -> None:
         n = self.nbytes // 4
@@ -68,51 +68,57 @@ class Segment:
 
     @classmethod
     def create(cls, nbytes: int) -> "Segment":
-        """A new segment of this process's (the worker's), its nonce written; ``unlink`` it once attached.
-        ``OSError`` if ``DIR`` has no room for it: the space is reserved now (a container's /dev/shm is
-        often 64 MB), so that no write into the mapping can fail later (SIGBUS)."""
-        name, nonce = f"switchps-{secrets.token_hex(16)}", secrets.token_bytes(NONCE_BYTES)
-        fd = os.open(DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        """A new segment of this process's (the worker's), its nonce written and its size sealed. ``OSError``
+        if there is no memory for it: the pages are reserved now, so that no write into the mapping can fail
+        later (SIGBUS)."""
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        fd = os.memfd_create("switchps-segment", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.posix_fallocate(fd, 0, file_bytes(nbytes))
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
             m = mmap.mmap(fd, file_bytes(nbytes))
         except OSError:
-            os.unlink(DIR / name)
-            raise
-        finally:
             os.close(fd)
+            raise
         m[:NONCE_BYTES] = nonce
-        return cls(name, nonce, nbytes, m)
+        return cls(nonce, nbytes, m, fd)
 
     @classmethod
-    def open(cls, name: str, nonce: bytes, nbytes: int) -> "Segment | None":
-        """The worker's segment as the PS maps it; None if it is not there (the worker is on another host).
-        ``Rejected`` (INVALID_ARGUMENT) if the name, the file or the nonce is not what a worker makes."""
-        if not NAME.match(name):
-            raise invalid("segment", f"a segment is named switchps-<32 hex digits>, not {name[:80]!r}")
-        if nbytes <= 0 or nbytes % 4:
-            raise invalid("segment", f"a segment's areas hold float32 values, not {nbytes} bytes")
+    def adopt(cls, fd: int, nonce: bytes, nbytes: int) -> "Segment":
+        """The segment a worker sent the PS ``fd`` of, mapped (``fd`` stays the caller's to close), once
+        ``nonce`` has been read from it (``sealed_nonce``); ``Rejected`` (INVALID_ARGUMENT) unless it is
+        ``file_bytes(nbytes)`` long."""
+        size = os.fstat(fd).st_size
+        if size != file_bytes(nbytes):
+            raise invalid("segment", f"a segment of {nbytes}-byte areas is a {file_bytes(nbytes)}-byte file, "
+                                     f"not {size}")
         try:
-            fd = os.open(DIR / name, os.O_RDWR | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise invalid("segment", f"segment {name} cannot be opened: {e.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != file_bytes(nbytes):
-                raise invalid("segment", f"segment {name} is not a {file_bytes(nbytes)}-byte file of the PS's user")
-            m = mmap.mmap(fd, st.st_size)
-        finally:
-            os.close(fd)
-        if not hmac.compare_digest(m[:NONCE_BYTES], nonce):
-            m.close()
-            raise invalid("segment", f"segment {name} does not hold the nonce sent with it")
-        return cls(name, nonce, nbytes, m)
+            return cls(nonce, nbytes, mmap.mmap(fd, size))
+        except OSError as e:  # sealed against writes, or a descriptor opened read-only
+            raise invalid("segment", f"the segment cannot be mapped to read and write: {e.strerror}") from None
 
-    def unlink(self) -> None:
-        """Remove the name (both mappings stay valid until their processes drop them)."""
-        try:
-            os.unlink(DIR / self.name)
-        except FileNotFoundError:
-            pass
+    def close_fd(self) -> None:
+        """Drop the maker's descriptor (the mapping stays valid)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def sealed_nonce(fd: int) -> bytes:
+    """The nonce at the start of the segment a worker sent the PS ``fd`` of; ``Rejected`` (INVALID_ARGUMENT)
+    unless it is a memory file of ordinary pages sealed against shrinking and growing. The seals are read
+    first: that does no I/O, so the descriptor of a file system that hangs cannot stall the PS. A file of
+    huge pages is refused: a page a worker frees in it (a punched hole) may find the pool empty when the
+    PS touches it again, and that is SIGBUS too."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:  # not a memory file
+        seals = 0
+    if seals & SEALS != SEALS:
+        raise invalid("segment", "a segment is a memory file sealed against shrinking and growing")
+    if os.fstat(fd).st_blksize != mmap.PAGESIZE:
+        raise invalid("segment", "a segment is a memory file of ordinary pages, not huge ones")
+    try:
+        return os.pread(fd, NONCE_BYTES, 0)
+    except OSError as e:  # a descriptor opened write-only
+        raise invalid("segment", f"the segment cannot be read: {e.strerror}") from None

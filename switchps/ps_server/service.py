@@ -81,7 +81,7 @@ class ParameterServer:
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
         self.count_rejection = RejectionCounter(rec, lambda: self.core.version, clock).count
-        self.segments = Attachments(max_model_bytes)
+        self.segments = Attachments()
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
         self._checkpoint_soon = False
         self.guard: Guard | None = None  # set by ``server.Server`` when the PS has a secret
@@ -215,13 +215,21 @@ class ParameterServer:
         return self._status()
 
     async def attach(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.AttachReply:
-        """Take a worker's shared-memory segment for its pushes, if it is on this host (``protos/segment``)."""
+        """Expect a worker's shared-memory segment for its pushes through the PS's socket, where its
+        descriptor comes if the worker is on this host (``protos/segment``, ``adopt_segment``)."""
         try:
             req = parse(body, pb.AttachRequest)
             as_worker(self.guard, ctx, req.worker, "Attach")
-            return self.segments.attach(req, req.worker in self.core.members.registered)
+            nbytes = layout_size(self.layout) * 4 if self.layout is not None else 0
+            return self.segments.attach(req, req.worker in self.core.members.registered, nbytes)
         except Rejected as r:
             await self._reject(ctx, "attach", r)
+
+    def adopt_segment(self, fds: list[int], ctx: grpc.aio.ServicerContext) -> None:
+        """Map the segment whose descriptor came with a connection's first frame on the PS's socket (``ctx``:
+        its ``LocalContext``), for the worker whose ``Attach`` it answers, if the connection's token is that
+        worker's; else ``Rejected``."""
+        self.segments.adopt(fds, lambda worker: as_worker(self.guard, ctx, worker, "Attach"))
 
     # ---- tensors ----------------------------------------------------------------------------
 

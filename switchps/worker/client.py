@@ -122,7 +122,7 @@ class PSClient:
                                 ) from None
 
     def close(self) -> None:
-        self._open_line("")
+        self._open_line()
         self.channel.close()
 
     def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True,
@@ -142,9 +142,10 @@ class PSClient:
 
     def attach(self, worker: int, nbytes: int) -> bool:
         """Push through a new shared-memory segment from now on if the PS runs on this host
-        (``protos/segment``); returns whether it does. A PS without ``Attach`` counts as another host's."""
+        (``protos/segment``): ``Attach`` sends its nonce, the PS's socket its descriptor; returns whether
+        it does. A PS without ``Attach``, or whose socket this host cannot reach, counts as another host's."""
         self.segment = None
-        self._open_line("")
+        self._open_line()
         if not available():
             return False
         try:
@@ -153,33 +154,33 @@ class PSClient:
             log.warning("no shared-memory segment of %d bytes (%s): pushing as gRPC bytes", file_bytes(nbytes), e)
             return False
         try:
-            request = pb.AttachRequest(worker=worker, name=segment.name, nonce=segment.nonce, nbytes=nbytes)
+            request = pb.AttachRequest(worker=worker, nonce=segment.nonce, nbytes=nbytes)
             reply = self._attach(request, timeout=self.timeout_s, metadata=self._md)
+            self._open_line(reply.socket if reply.attached else "", segment)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            reply = pb.AttachReply(attached=False)
         finally:
-            segment.unlink()  # both sides keep their mapping; nothing is left behind
-        self.segment = segment if reply.attached else None
-        self._open_line(reply.socket if reply.attached else "")
-        return reply.attached
+            segment.close_fd()  # the PS holds its own (or none)
+        self.segment = segment if self._line is not None else None
+        return self.segment is not None
 
     @property
     def socket_path(self) -> str:
         """The PS's socket this client's shared pushes go through ('' if none: gRPC calls)."""
         return self._line.path if self._line is not None else ""
 
-    def _open_line(self, path: str) -> None:
-        """Send the headers of shared pushes through the PS's socket at ``path`` ('': through gRPC calls)."""
+    def _open_line(self, path: str = "", segment: Segment | None = None) -> None:
+        """Send ``segment``'s descriptor, then the headers of shared pushes, through the PS's socket at
+        ``path`` ('': close the line; the headers of shared pushes, if any, go through gRPC calls)."""
         if self._line is not None:
             self._line.close()
         self._line = None
-        if path:
+        if path and segment is not None:
             try:
-                self._line = LocalLine(path, dict(self._md or ()).get(METADATA_KEY, ""), self.timeout_s)
+                self._line = LocalLine(path, dict(self._md or ()).get(METADATA_KEY, ""), segment.fd, self.timeout_s)
             except OSError as e:
-                log.warning("cannot reach the PS's socket %s (%s): pushing through gRPC calls", path, e)
+                log.info("the PS's socket %s is out of reach (%s): pushing as gRPC bytes", path, e)
 
     def init(self, worker: int, layout: pb.Layout, values: np.ndarray) -> pb.WorkOrder:
         header = pb.InitHeader(worker=worker, layout_digest=layout.digest, nbytes=values.nbytes)
@@ -239,7 +240,7 @@ class PSClient:
             try:
                 return self._line.push(request)
             except LineBroken:
-                self._open_line("")
+                self._open_line()
         return self._push_small(request, timeout=self.timeout_s, metadata=self._md)
 
     def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:

@@ -1,4 +1,4 @@
-"""A worker's end of its PS's Unix socket for pushes (frames: ``protos/local_socket.py``)."""
+"""A worker's end of its PS's Unix socket for its segment and pushes (frames: ``protos/local_socket.py``)."""
 
 from __future__ import annotations
 
@@ -34,19 +34,25 @@ class LineBroken(LocalRpcError):
 
 
 class LocalLine:
-    """A connection to the PS's socket, its first frame the worker's token. Used from one thread.
+    """A connection to the PS's socket, its first frame the worker's token with its segment's descriptor,
+    which the PS maps for this worker's pushes. Used from one thread.
 
     A connection that fails (the PS went away, no answer within ``timeout_s``) is closed: every push on
     it from then on is UNAVAILABLE, so the next one is not read against a late answer to this one."""
 
-    def __init__(self, path: str, token: str, timeout_s: float | None) -> None:
+    def __init__(self, path: str, token: str, segment_fd: int, timeout_s: float | None) -> None:
+        """``OSError`` if the socket cannot be reached (the PS is on another host); ``LocalRpcError`` if
+        the PS refuses the segment."""
         self.path = path
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
             self._sock.connect("\0" + path[1:] if path.startswith("@") else path)  # @: the abstract namespace
-            self._sock.sendall(frame(token.encode()))
-        except OSError:
+            first = frame(token.encode())
+            sent = socket.send_fds(self._sock, [first], [segment_fd])
+            self._sock.sendall(first[sent:])
+            self._answer()
+        except (OSError, LocalRpcError):
             self.close()
             raise
 
@@ -56,11 +62,15 @@ class LocalLine:
             raise LineBroken("the connection to the PS's socket is closed")
         try:
             self._sock.sendall(frame(body))
-            (n,) = LENGTH.unpack(self._read(LENGTH.size))
-            data = self._read(n)
+            return self._answer()
         except OSError as e:  # a timeout included
             self.close()
             raise LineBroken(f"the PS's socket: {e or type(e).__name__}") from None
+
+    def _answer(self) -> bytes:
+        """The body of an OK answer; ``LocalRpcError`` for any other."""
+        (n,) = LENGTH.unpack(self._read(LENGTH.size))
+        data = self._read(n)
         code = status(data[0]) if data else grpc.StatusCode.UNKNOWN
         if code.value[0] != OK:
             raise LocalRpcError(code, data[1:].decode("utf-8", "replace"))
