@@ -30,6 +30,7 @@ import logging
 import queue
 import threading
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from typing import AsyncIterator, Callable, Iterator, TypeVar
@@ -50,16 +51,16 @@ T = TypeVar("T")
 class BufferPool:
     """Model-sized receive buffers, reused so pushes don't page-fault fresh memory each time, and bounded.
 
-    At most ``limit`` payloads are received at once, and at most ``limit`` free buffers are kept: with a
-    fresh buffer per concurrent push, rounds of refused pushes grew the PS's resident memory without bound.
+    At most ``limit`` free buffers are kept (with a fresh buffer per concurrent push, rounds of refused
+    pushes grew the PS's resident memory without bound), and a discarded payload's pages go back to the OS
+    soon after. How many payloads are held at once is bounded per worker (``Slots``).
     """
 
     def __init__(self, size: int, limit: int = 8) -> None:
         self.size, self.limit = size, limit
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()  # ``put`` also runs on the applier thread
-        self._slots: asyncio.Semaphore | None = None  # made on the event loop, its only user
-        self._trim_soon = TrimSoon(TRIM_DELAY_S)  # a refused payload's pages go back to the OS soon after
+        self._trim_soon = TrimSoon(TRIM_DELAY_S)
 
     def get(self) -> np.ndarray:
         with self._lock:
@@ -72,29 +73,78 @@ class BufferPool:
             if buf.size == self.size and len(self._free) < self.limit:
                 self._free.append(buf)
 
+    def discard(self, buf: np.ndarray | None = None) -> None:
+        """A refused or expired payload: ``put`` its buffer (if it had one), and give the heap's free pages
+        back to the OS soon (on the event loop only), so that neither what was not kept nor what gRPC
+        buffered for the call stays resident."""
+        if buf is not None:
+            self.put(buf)
+        self._trim_soon()
+
     @contextlib.asynccontextmanager
-    async def receiving(self, wait_s: float, size: int | None = None) -> AsyncIterator[np.ndarray]:
-        """A buffer to receive one payload into (a fresh one of ``size`` elements if given), once a receive
-        slot is free: ``Rejected`` (RESOURCE_EXHAUSTED) if none frees within ``wait_s``. The buffer is the
-        caller's if the body succeeds, and goes back to the pool if it raises."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.limit)
+    async def receiving(self, size: int | None = None) -> AsyncIterator[np.ndarray]:
+        """A buffer to receive one payload into (a fresh one of ``size`` elements if given), on the event
+        loop. The buffer is the caller's if the body succeeds, and is discarded if it raises."""
+        buf = self.get() if size is None else np.empty(size, np.float32)
         try:
-            async with asyncio.timeout(wait_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise Rejected("RESOURCE_EXHAUSTED", "busy", f"{self.limit} payloads are already being received "
-                                                         f"(waited {wait_s:g}s)") from None
+            yield buf
+        except BaseException:
+            self.discard(buf)
+            raise
+
+
+EACH = 2
+"""Payloads one worker may hold at once: a push and its resend after a lost reply."""
+
+
+class Slots:
+    """How many payloads each worker holds on a PS or a follower shard at once, so that none can starve
+    another: at most ``EACH`` for each of ``workers`` identities (0 .. workers - 1).
+
+    A worker has one push in flight, two around a lost reply (its resend arrives while the PS still holds
+    the first). An identity is a worker's index (its token's: the handlers check the header's against it
+    before they take a slot); one more payload than ``EACH`` is refused at once with RESOURCE_EXHAUSTED
+    (``busy``): it never waits, and no other identity waits behind it (with one pool of slots for all,
+    three stalled streams of one worker held every other worker's pushes off). An index outside the
+    run's holds nothing (INVALID_ARGUMENT, ``unknown_worker``), so receive buffers take at most ``EACH`` ×
+    workers × the model's (a follower: its part's) bytes, plus the ``BufferPool``'s free ones.
+
+    Held: on the PS (and shard 0), from a push's header passing its checks until the push reaches the
+    core (read whole and, on shard 0, accepted by every follower) or is refused; on a follower, from a
+    part's header until shard 0 names its push (join, free, drop), the part expires, or it is refused.
+
+    Concurrency: the server's event loop's alone (the handlers take and release), so no lock.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._held: Counter[int] = Counter()
+
+    def take(self, worker: int) -> None:
+        """Hold a slot of ``worker``'s, or raise ``Rejected`` if it has none free (or is no worker)."""
+        if not 0 <= worker < self.workers:
+            raise invalid("unknown_worker", f"worker index {worker} outside [0, {self.workers})")
+        if self._held[worker] >= EACH:
+            raise Rejected("RESOURCE_EXHAUSTED", "busy", f"worker {worker} already has {EACH} payloads being "
+                                                         f"received or awaiting the other shards (at most {EACH})")
+        self._held[worker] += 1
+
+    def release(self, worker: int) -> None:
+        assert self._held[worker] > 0, f"worker {worker} holds no slot"
+        self._held[worker] -= 1
+
+    @contextlib.contextmanager
+    def holding(self, worker: int) -> Iterator[None]:
+        """A slot of ``worker``'s for the body (``take``'s refusal if none is free)."""
+        self.take(worker)
         try:
-            buf = self.get() if size is None else np.empty(size, np.float32)
-            try:
-                yield buf
-            except BaseException:
-                self.put(buf)
-                self._trim_soon()
-                raise
+            yield
         finally:
-            self._slots.release()
+            self.release(worker)
+
+    def held(self, worker: int) -> int:
+        """How many payloads ``worker`` holds now."""
+        return self._held[worker]
 
 
 class Snapshot:
@@ -247,17 +297,19 @@ class ModelStore:
     """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 receive_slots: int = 8, inline_bytes: int = WHOLE_BYTES) -> None:
-        """``inline_bytes``: models up to this size run their items on the submitting thread (see the module
-        docstring); 0: always on the applier."""
+                 workers: int = 8, inline_bytes: int = WHOLE_BYTES) -> None:
+        """``workers``: the run's, each of which may hold ``EACH`` payloads at once (``slots``), with
+        workers + 1 free buffers kept for reuse; ``inline_bytes``: models up to this size run their items
+        on the submitting thread (see the module docstring); 0: always on the applier."""
         self._make_optimizer = make_optimizer
-        self.chunk_bytes, self.receive_slots, self.inline_bytes = chunk_bytes, receive_slots, inline_bytes
+        self.chunk_bytes, self.inline_bytes = chunk_bytes, inline_bytes
+        self.slots = Slots(workers)  # the event loop's; kept across ``initialize``, which replaces the pool
         self.lock = threading.Lock()
         self.layout = pb.Layout()
         self.values = np.empty(0, np.float32)
         self.trainable = 0
         self.optimizer = make_optimizer(0)
-        self.buffers = BufferPool(0, receive_slots)
+        self.buffers = BufferPool(0, workers + 1)
         self.initialized = False
         self.version = 0  # the newest version: its update may still be in the applier's queue
         self._latest = Snapshot.of(0, self.values, chunk_bytes)
@@ -279,7 +331,7 @@ class ModelStore:
             self.values = values
             self.trainable = trainable_size(layout)
             self.optimizer = self._make_optimizer(self.trainable)
-            self.buffers = BufferPool(values.size, self.receive_slots)
+            self.buffers = BufferPool(values.size, self.buffers.limit)
             self._latest = Snapshot.of(self.version, values, self.chunk_bytes)
             self.initialized = True
 

@@ -17,7 +17,8 @@ small model's updates skip: ``model.py``; the recorder's flusher; the checkpoint
 only through their own locks and queues, and learn of progress through threading events.
 
 Hostile input: a push is read to the end of its stream and validated before it reaches the core, and
-then applied whole or not at all. Every rejection gets an error status, a log line and a count.
+then applied whole or not at all. Every rejection gets an error status, a log line and a count. A worker
+holds at most two payloads at once (``model.Slots``), so its streams never hold another worker's pushes off.
 """
 
 from __future__ import annotations
@@ -249,9 +250,11 @@ class ParameterServer:
         if header.nbytes != layout_size(layout) * 4:
             raise invalid("size", f"initial values declare {header.nbytes} bytes, the layout has "
                                   f"{layout_size(layout) * 4}")
-        async with self.store.buffers.receiving(self.receive_timeout_s, layout_size(layout)) as values:
-            if not await fill(PayloadWriter(values, check_finite=True), first, ctx, self.receive_timeout_s):
-                raise invalid("non_finite", "initial values are not finite")
+        with self.store.slots.holding(header.worker):
+            async with self.store.buffers.receiving(layout_size(layout)) as values:
+                if not await fill(PayloadWriter(values, check_finite=True), first, ctx, self.receive_timeout_s):
+                    raise invalid("non_finite", "initial values are not finite")
+                await self._accepted(header)
         return header.worker, layout, values
 
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -321,11 +324,18 @@ class ParameterServer:
         segment = None
         if h.shared:  # copied out of the segment by ``fill``, then checked: the worker cannot race it
             segment, first = self.segments.payload(h.worker, first)
-        async with self.store.buffers.receiving(self.receive_timeout_s) as grad:
-            if not await fill(PayloadWriter(grad, check_finite=True), first, ctx, timeout_s):
-                raise invalid("non_finite", "gradient has NaN or inf values")
+        with self.store.slots.holding(h.worker):  # one worker's stalled pushes hold no other worker's slots
+            async with self.store.buffers.receiving() as grad:
+                if not await fill(PayloadWriter(grad, check_finite=True), first, ctx, timeout_s):
+                    raise invalid("non_finite", "gradient has NaN or inf values")
+                await self._accepted(h)
         return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
                     step=report.step, session=h.session), report, grad, segment
+
+    async def _accepted(self, h: pb.PushHeader | pb.InitHeader) -> None:
+        """Return once the payload ``h`` heads, received whole and valid, may go to the core: at once here;
+        a sharded PS's shard 0 waits for its parts' verdicts. Its worker's slot and its buffer are held
+        meanwhile, and a refusal raised here discards the buffer."""
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None, worker: int,
                     segment: Segment | None = None, whole: bool = False) -> AsyncIterator[bytes]:
@@ -366,6 +376,7 @@ class ParameterServer:
         read: a reference cycle only the cyclic collector frees, seldom in the PS (refused pushes held tens
         of MB a round; ``README``, memory under hostile input; grpc/grpc#17899 is the same in the sync server)."""
         self.count_rejection(rpc, r)
+        self.store.buffers.discard()  # a refused call's frames, buffered by gRPC, leave no resident pages
         ctx.set_code(getattr(grpc.StatusCode, r.code))
         ctx.set_details(str(r))
 
