@@ -166,3 +166,10 @@ def test_a_followers_memory_under_one_workers_orphan_parts_is_bounded_and_return
     assert r["rejections"]["push_part:busy"] == ORPHANS - EACH
     assert r["rss_held_mb"] - r["rss_idle_mb"] < ABOVE_IDLE_MB, r
     assert r["rss_after_mb"] - r["rss_idle_mb"] < ABOVE_IDLE_MB, r
+
+
+@pytest.mark.integration
+def test_the_stall_bench_measures_worker_1s_push_applied_among_worker_0s_stalls(monkeypatch):
+    r = _bench(monkeypatch).stalls(streams=10, receive_timeout_s=30.0)
+    assert r["worker_1_push"] == "applied" and r["with_header"] == 5, r
+    assert r["rejections"]["push:busy"] == r["stream_codes"]["RESOURCE_EXHAUSTED"] == 5 - EACH, r
