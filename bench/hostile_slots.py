@@ -106,7 +106,7 @@ def follow(conn: Connection, leader: str, part_mb: float, receive_timeout_s: flo
     cfg = _config(part_mb, receive_timeout_s)
     store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers)
     follower = Follower(1, 2, leader, ClientSecurity(), store, cfg.runtime.shard_max_bytes, receive_timeout_s,
-                        Path(tempfile.mkdtemp(prefix="switchps-follower-")))
+                        Path(tempfile.mkdtemp(prefix="switchps-follower-")), workers=cfg.cluster.num_workers)
     server = Server(follower, "127.0.0.1:0")
 
     def summary() -> dict:

@@ -64,7 +64,7 @@ PS_RULES: list[Rule] = [
     ("token verification", "ps_server/guard.py", ()),
     ("token verification", "switchps/auth.py", ()),
     ("token verification", "ps_server/service.py", ("ParameterServer._as_worker",)),
-    ("checks", "protos/codec.py", ("all_finite",)),
+    ("checks", "protos/codec.py", ("all_finite", "sum_squares")),
     ("checks", "ps_server/validate.py", ()),
     ("checks", "ps_server/core/machine.py", ("Core.check_push",)),
     ("checks", "ps_server/model.py", ("ModelStore.check",)),

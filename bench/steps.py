@@ -3,18 +3,21 @@
 Runs the real launcher (separate PS, evaluator and worker processes on
 loopback) for a fixed wall time and reads the run record. ``--vs-tf`` measures
 the peer, TF2 ParameterServerStrategy (``bench/tf_ps.py``: same model, data
-shape, batch, learning rate and workers), side by side in the same session:
-runs alternate, each pair's ratio is switchps / TF (> 1: switchps is faster); their geometric mean's 95 % interval
-says whether it lies above a target ratio (``--target``, 2.5), below it, or cannot tell.
-Prints JSON.
+shape, batch, learning rate and workers), side by side in the same session, in each of its modes
+(``--tf-mode``: as users run it, and tuned down to one thread per pool; both by default, the faster
+by median is the peer): runs alternate, each pair's ratio is switchps / TF (> 1: switchps is faster);
+their geometric mean's 95 % interval (log scale) says whether it lies above a target ratio (``--target``,
+2.5), below it, or cannot tell. ``--network``: switchps's workers talk to the PS as a worker on another host
+would, gRPC bytes only (no shared memory, so no Unix socket either) and no CPU binding. Prints JSON.
 
     python bench/steps.py [--seconds 20] [--batch 32] [--workers 2] [--dim 784]
     python bench/steps.py --shards 1 2 4 --dim 78400 [--pairs 2]      # 1, 2 and 4 PS shards side by side
                           [--checkpoint-every-s 5 | --no-checkpoint]
     python bench/steps.py --vs-tf 3      # 3 pairs: switchps as shipped (authenticated, checkpointing) vs TF2 PS
+                          [--tf-mode both|user|tuned] [--network]
     python bench/steps.py --auth-ab 3    # 3 pairs of runs, authenticated (the default) vs insecure, alternating
     python bench/steps.py --shm-ab 3     # 3 pairs: pushes through shared memory (the default) vs gRPC bytes
-                          [--no-shared-memory]                # pushes as gRPC bytes, as from another host
+    python bench/steps.py --network      # one run as from other hosts: gRPC bytes, no CPU binding
 """
 
 from __future__ import annotations
@@ -25,21 +28,24 @@ import csv
 import shutil
 import statistics
 import tempfile
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from switchps.config import parse_config
+from switchps.config import RunConfig, parse_config
 from switchps.jsonfile import dumps
 from switchps.launcher import launch
 from switchps.studies.stats import ratio_estimate
-from tf_ps import run_peer, train_rows
+from tf_ps import MODES as TF_MODES, run_peer, train_rows
 
 SYNTHETIC_MAX_FEATURES = 10**4
 """``data.num_features``'s limit in switchps's config; a wider input comes from an .npz of random pixels."""
 CLASSES = 10
+NO_BINDING = {"pin_workers": False, "worker_nice": 0}
+"""``runtime.cpu`` for ``--network``: a worker on another host shares no cores with the PS, so the launcher
+neither pins the workers nor runs them nicer than the PS."""
 
 
 def data_config(dim: int) -> dict[str, Any]:
@@ -67,11 +73,13 @@ def model_name(dim: int) -> str:
     return f"logreg {dim}->{CLASSES} ({dim * CLASSES + CLASSES:,} parameters)"
 
 
-def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True) -> dict:
-    """One launcher run for ``args.seconds``; its steps/s and the figures behind it. ``shared_memory``
-    False: pushes go as gRPC bytes, as from another host."""
-    out = tempfile.mkdtemp(prefix="switchps-steps-")
-    cfg = parse_config({
+def run_config(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True) -> RunConfig:
+    """The launcher's config for one run: switchps as shipped, but for ``insecure`` and ``shared_memory``
+    False (pushes as gRPC bytes); ``args.network``: as from other hosts, gRPC bytes and ``NO_BINDING``."""
+    runtime: dict[str, Any] = {"shared_memory": shared_memory and not args.network}
+    if args.network:
+        runtime["cpu"] = NO_BINDING
+    return parse_config({
         "name": "steps-bench",
         "cluster": {"workers": args.workers},
         "model": {"name": "logreg"},
@@ -80,11 +88,16 @@ def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bo
         "protocol": {"name": "asp", "batch": args.batch},
         "train": {"seconds": args.seconds},
         "eval": {"every_s": 5.0},
-        "output": {"dir": out},
+        "output": {"dir": tempfile.mkdtemp(prefix="switchps-steps-")},
         "checkpoint": {"every_s": None if args.no_checkpoint else args.checkpoint_every_s},
         "security": {"insecure": insecure},
-        "runtime": {"shared_memory": shared_memory and not args.no_shared_memory},
+        "runtime": runtime,
     })
+
+
+def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True) -> dict:
+    """One launcher run of ``run_config`` for ``args.seconds``; its steps/s and the figures behind it."""
+    cfg = run_config(args, insecure, shared_memory)
     run_dir, summary = launch(cfg, quiet=True)
     with (run_dir / "workers.csv").open() as f:
         steps = list(csv.DictReader(f))
@@ -93,7 +106,7 @@ def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bo
     return {
         "benchmark": "asp_steps", "model": model_name(args.dim), "workers": args.workers,
         "batch": args.batch, "authenticated": not insecure, "shared_memory": cfg.runtime.shared_memory,
-        "wall_time_s": summary["wall_time_s"],
+        "cpu_binding": cfg.runtime.cpu.model_dump(), "wall_time_s": summary["wall_time_s"],
         "updates": summary["updates"], "steps_per_s": round(steps_per_s, 1),
         "worker_compute_ms": round(1e3 * mean("compute_s"), 3), "worker_round_trip_ms": round(1e3 * mean("send_s"), 3),
         "final_test_accuracy": summary["final_test_accuracy"], "checkpoints": summary["checkpoints"],
@@ -101,14 +114,29 @@ def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bo
     }
 
 
-def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, bool]]) -> dict:
-    """Two arms (``run_once`` keyword arguments) in alternating pairs, ABBA, so drift hits both alike; each
-    pair's ratio (first arm over second), their spread and geometric mean, whether it differs from 1 beyond
-    its 95 % interval, and the ratio of medians."""
-    runs: dict[str, list[float]] = {name: [] for name in arms}
+def interleave(pairs: int, arms: dict[str, Callable[[], dict]]) -> list[tuple[int, str, dict]]:
+    """Each arm run once per pair, in the arms' order in even pairs and reversed in odd ones (ABBA; ABC CBA
+    for three), so drift on a shared machine hits every arm alike; (pair, arm, its run) in run order."""
+    runs = []
     for pair in range(pairs):
         for name in list(arms) if pair % 2 == 0 else list(arms)[::-1]:
-            runs[name].append(run_once(args, **arms[name])["steps_per_s"])
+            runs.append((pair, name, arms[name]()))
+    return runs
+
+
+def series(runs: list[tuple[int, str, dict]]) -> dict[str, list[float]]:
+    """Each arm's steps/s, pair by pair."""
+    out: dict[str, list[float]] = {}
+    for _, name, run in runs:
+        out.setdefault(name, []).append(run["steps_per_s"])
+    return out
+
+
+def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, bool]]) -> dict:
+    """Two arms (``run_once`` keyword arguments) in alternating pairs (``interleave``); each pair's ratio
+    (first arm over second), their spread and geometric mean, whether it differs from 1 beyond its 95 %
+    interval (log scale), and the ratio of medians."""
+    runs = series(interleave(pairs, {name: partial(run_once, args, **kw) for name, kw in arms.items()}))
     first, second = runs.values()
     med = {k: statistics.median(v) for k, v in runs.items()}
     return {"model": model_name(args.dim), "workers": args.workers, "seconds_per_run": args.seconds,
@@ -140,29 +168,40 @@ def ratio_summary(ratios: list[float], target: float | None = None) -> dict[str,
 
 
 def vs_tf(args: argparse.Namespace) -> dict:
-    """switchps as shipped and TF2 ParameterServerStrategy in alternating pairs (ABBA: which runs first
-    alternates too), so drift on a shared machine hits both alike; each pair's ratio, and their spread."""
-    series: dict[str, list[float]] = {"switchps": [], "tf2_ps_strategy": []}
-    runs: list[dict] = []
-    for pair in range(args.vs_tf):
-        for name in (["switchps", "tf2_ps_strategy"] if pair % 2 == 0 else ["tf2_ps_strategy", "switchps"]):
-            if name == "switchps":
-                run = run_once(args)
-            else:
-                run = run_peer(args.workers, args.seconds, args.tf_warmup_s, args.dim, args.batch, lr=0.05)
-            series[name].append(run["steps_per_s"])
-            runs.append({"pair": pair, "who": name, **{k: run.get(k) for k in _KEPT}})
-    ratios = [round(s / t, 3) for s, t in zip(series["switchps"], series["tf2_ps_strategy"])]
-    return {"benchmark": "asp_steps_vs_tf2_ps_strategy", "model": model_name(args.dim), "workers": args.workers,
-            "batch": args.batch, "seconds_per_run": args.seconds, "tf_warmup_s": args.tf_warmup_s,
-            "switchps": {"authenticated": True, "checkpoint_every_s": None if args.no_checkpoint
-                         else args.checkpoint_every_s},
-            "steps_per_s": series, "ratio_switchps_over_tf": ratios, "ratio": ratio_summary(ratios, args.target),
-            "runs": runs}
+    """switchps as shipped (or ``--network``) against TF2 ParameterServerStrategy in each of
+    ``args.tf_mode``'s modes, interleaved pair by pair; each mode's pair ratios (switchps / TF) and their
+    summary. The peer is the mode with the higher median steps/s: its ratios are the headline, tested
+    against ``args.target``."""
+    modes = TF_MODES if args.tf_mode == "both" else (args.tf_mode,)
+    arms: dict[str, Callable[[], dict]] = {"switchps": partial(run_once, args)}
+    for mode in modes:
+        arms[f"tf_{mode}"] = partial(run_peer, args.workers, args.seconds, args.tf_warmup_s, args.dim, args.batch,
+                                     lr=0.05, mode=mode)
+    runs = interleave(args.vs_tf, arms)
+    steps = series(runs)
+    ratios = {mode: [round(s / t, 3) for s, t in zip(steps["switchps"], steps[f"tf_{mode}"])] for mode in modes}
+    peer = max(modes, key=lambda mode: statistics.median(steps[f"tf_{mode}"]))
+    out = {"benchmark": "asp_steps_vs_tf2_ps_strategy", "model": model_name(args.dim), "workers": args.workers,
+           "batch": args.batch, "seconds_per_run": args.seconds, "tf_warmup_s": args.tf_warmup_s,
+           "switchps": {"authenticated": True, "checkpoint_every_s": None if args.no_checkpoint
+                        else args.checkpoint_every_s, "path": "network" if args.network else "same host",
+                        "shared_memory": not args.network, "cpu_binding": not args.network},
+           "steps_per_s": steps, "median_steps_per_s": {k: statistics.median(v) for k, v in steps.items()},
+           "tf_modes": {mode: {"ratio_switchps_over_tf": ratios[mode],
+                               "ratio": ratio_summary(ratios[mode], args.target)} for mode in modes},
+           "peer": f"tf_{peer}", "ratio_switchps_over_tf": ratios[peer], "ratio": ratio_summary(ratios[peer],
+                                                                                                args.target)}
+    if len(modes) == 2:
+        user, tuned = steps["tf_user"], steps["tf_tuned"]
+        out["tf_user_over_tuned"] = {"pair_ratios": [round(u / t, 3) for u, t in zip(user, tuned)],
+                                     "ratio": ratio_summary([u / t for u, t in zip(user, tuned)], target=1.0)}
+    out["runs"] = [{"pair": pair, "who": name, **{k: run[k] for k in _KEPT if k in run}} for pair, name, run in runs]
+    return out
 
 
 _KEPT = ("steps_per_s", "wall_time_s", "window_s", "updates", "steps", "worker_compute_ms", "worker_round_trip_ms",
-         "checkpoints", "ports_freed", "run_dir")
+         "checkpoints", "shared_memory", "cpu_binding", "mode", "threads", "per_step_fetch", "ports_freed",
+         "run_dir")
 
 
 def main() -> None:
@@ -175,7 +214,8 @@ def main() -> None:
     ap.add_argument("--no-checkpoint", action="store_true", help="no checkpoints at all")
     ap.add_argument("--auth-ab", type=int, metavar="PAIRS", help="compare authenticated and insecure runs")
     ap.add_argument("--insecure", action="store_true", help="one run without authentication")
-    ap.add_argument("--no-shared-memory", action="store_true", help="pushes as gRPC bytes, as from another host")
+    ap.add_argument("--network", action="store_true",
+                    help="workers as on other hosts: pushes as gRPC bytes (no shared memory), no CPU binding")
     ap.add_argument("--shm-ab", type=int, metavar="PAIRS",
                     help="compare pushes through shared memory with pushes as gRPC bytes")
     ap.add_argument("--vs-tf", type=int, nargs="?", const=3, metavar="PAIRS",
@@ -183,6 +223,9 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=2.5,
                     help="with --vs-tf: the ratio the pairs' geometric mean is tested against (95 %% CI, log scale)")
     ap.add_argument("--tf-warmup-s", type=float, default=3.0, help="TF's steps before its measured window")
+    ap.add_argument("--tf-mode", choices=("both", *TF_MODES), default="both",
+                    help="with --vs-tf: TF as users run it (user), tuned to 1 thread per pool with every step "
+                         "fetched (tuned), or both side by side, the faster as the peer (default)")
     ap.add_argument("--shards", type=int, nargs="+", metavar="S", help="instead: S PS shards each, alternated "
                                                                        "--pairs times (bench/shards.py)")
     ap.add_argument("--pairs", type=int, default=2, help="with --shards: rounds of every shard count")
@@ -194,6 +237,8 @@ def main() -> None:
         return print(dumps(by_shards(args), indent=2))
     if args.vs_tf is not None and args.vs_tf < 1:
         ap.error("--vs-tf needs at least 1 pair")
+    if args.network and args.shm_ab:
+        ap.error("--shm-ab compares shared memory with gRPC bytes: not with --network (gRPC bytes only)")
     if args.vs_tf:
         out = vs_tf(args)
     elif args.auth_ab:

@@ -2,25 +2,34 @@
 
 One PS and N workers, each a ``tf.distribute.Server`` in a process of its own, and the coordinator in
 another; all started with ``subprocess`` from this process, which never imports TensorFlow (so nothing
-forks after a TF import). Every process limits TF to one intra-op and one inter-op thread, but for the
-workers, which need two inter-op threads (``WORKER_INTER_OP``: with one they deadlock). The model
-is switchps's ``logreg``: a softmax layer ``dim -> classes`` (784 -> 10: 7,850 parameters), its two
-variables on the PS; the data are synthetic, generated on each worker (``samples_per_worker`` rows,
-cut into batches, sliced once per step as switchps's workers slice theirs). A step is one
-``coordinator.schedule`` of a ``tf.function`` that takes the next batch, computes the gradient of the
-mean cross-entropy on a worker and applies SGD (``lr``) to the PS's variables. After ``warmup_s`` of
-steps, steps are scheduled for ``seconds`` (at most ``IN_FLIGHT_PER_WORKER`` per worker not yet done),
-then the coordinator joins: steps/s = steps / (time to the join). On success, error, Ctrl-C or SIGTERM
-every process started is stopped and its port checked free.
+forks after a TF import). The model is switchps's ``logreg``: a softmax layer ``dim -> classes``
+(784 -> 10: 7,850 parameters), its two variables on the PS; the data are synthetic, generated on each
+worker by a per-worker dataset (``samples_per_worker`` rows, cut into batches, sliced once per step as
+switchps's workers slice theirs). A step is one ``coordinator.schedule`` of a ``tf.function`` that takes
+the next batch, computes the gradient of the mean cross-entropy on a worker and applies SGD (``lr``) to
+the PS's variables. Two ways to run it (``--mode``, ``MODES``):
+
+- ``user``, as a user runs it (TF's parameter-server tutorial): TF's default threads in every process,
+  and steps scheduled in batches with no step's result fetched, one ``join`` after each batch. Batches
+  grow through ``warmup_s`` (``warmed_up_rate``); the window is one batch sized at the last batch's rate
+  to take about ``seconds``: steps/s = its steps / (its first ``schedule`` to its ``join``).
+- ``tuned``: every process limited to one intra-op and one inter-op thread (a worker two,
+  ``WORKER_INTER_OP``), and every step's loss fetched, with at most ``IN_FLIGHT_PER_WORKER`` steps per
+  worker not yet done: steps are scheduled for ``warmup_s``, joined, then for ``seconds``, joined;
+  steps/s = steps / (time to the join).
+
+On success, error, Ctrl-C or SIGTERM every process started is stopped and its port checked free.
 Prints JSON (only) on stdout.
 
-    python bench/tf_ps.py [--workers 2] [--seconds 20] [--warmup-s 3] [--dim 784] [--batch 32]
+    python bench/tf_ps.py [--mode user|tuned] [--workers 2] [--seconds 20] [--warmup-s 3] [--dim 784]
+                          [--batch 32]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -33,10 +42,11 @@ import traceback
 from collections import deque
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
-STARTUP_S = 90.0
-"""How long the servers may take to listen and the coordinator to connect and trace, beyond the run."""
+STARTUP_S = 180.0
+"""How long the servers may take to listen and the coordinator to connect and trace, beyond the run (on 2
+cores shared with other work, 784k parameters, 90 s was not enough: four TF imports and the first steps)."""
 STOP_S = 5.0
 """SIGTERM -> SIGKILL grace for a child."""
 LOCAL = "127.0.0.1"
@@ -45,9 +55,15 @@ WORKER_INTER_OP = 2
 reads and assigns the PS's variables from inside the worker's one inter-op thread (measured: the first
 ``schedule`` never completes, whatever the PS and the coordinator have). 2 is the fewest that runs."""
 IN_FLIGHT_PER_WORKER = 4
-"""Steps scheduled but not yet done, per worker: enough that no worker waits for the coordinator.
-``schedule`` itself never blocks (its queue is unbounded): without this bound the window would end
+"""``tuned``: steps scheduled but not yet done, per worker: enough that no worker waits for the coordinator.
+``schedule`` itself never blocks (its queue holds 256k closures): without this bound the window would end
 with thousands of steps queued, and the join would measure draining them."""
+MODES = ("user", "tuned")
+"""``user``: TF's defaults and no per-step fetch, as TF's tutorial runs it; ``tuned``: TF held to one thread
+per pool (``threads``), every step's loss fetched. Which is faster depends on the model and the machine."""
+TUNED_INTER_OP = {"ps": 1, "worker": WORKER_INTER_OP, "coordinator": 1}
+MIN_BATCH_S = 0.5
+"""``user``: the shortest warm-up batch whose rate sizes the window (a batch's join costs one step's latency)."""
 
 
 def free_ports(n: int) -> list[int]:
@@ -86,10 +102,20 @@ def cluster_of(ports: list[int]) -> dict[str, list[str]]:
     return {"ps": [f"{LOCAL}:{ports[0]}"], "worker": [f"{LOCAL}:{p}" for p in ports[1:]]}
 
 
-def child_env() -> dict[str, str]:
+def threads(mode: str, job: str) -> tuple[int, int] | None:
+    """(intra-op, inter-op) threads of ``job``'s process (``ps``, ``worker``, ``coordinator``) in ``mode``;
+    None: TF's defaults (as many as the cores)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {MODES}")
+    return (1, TUNED_INTER_OP[job]) if mode == "tuned" else None
+
+
+def child_env(mode: str) -> dict[str, str]:
+    """A child's environment: this one's, TF's info logs off; ``tuned`` also holds OpenMP to one thread."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("OMP_NUM_THREADS", "1")
+    if mode == "tuned":
+        env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -97,21 +123,23 @@ def child_env() -> dict[str, str]:
 # ---- inside the child processes (these import TensorFlow) ------------------------------------------
 
 
-def _tf_threads(inter_op: int = 1) -> Any:
-    """TensorFlow, limited to one intra-op thread and ``inter_op`` inter-op threads."""
+def _tf_threads(mode: str, job: str) -> Any:
+    """TensorFlow, with ``job``'s ``threads`` in ``mode`` (left as TF sets them where that is None)."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    if (t := threads(mode, job)) is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(t[0])
+        tf.config.threading.set_inter_op_parallelism_threads(t[1])
     return tf
 
 
-def serve(job: str, index: int, cluster: dict[str, list[str]], parent: int) -> None:
+def serve(job: str, index: int, cluster: dict[str, list[str]], parent: int, mode: str) -> None:
     """A ``tf.distribute.Server`` for ``job:index`` (TF_CONFIG set as well), until its parent is gone."""
     os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
-    inter_op = WORKER_INTER_OP if job == "worker" else 1
-    tf = _tf_threads(inter_op)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=inter_op)
+    tf = _tf_threads(mode, job)
+    t = threads(mode, job)
+    config = None if t is None else tf.compat.v1.ConfigProto(intra_op_parallelism_threads=t[0],
+                                                             inter_op_parallelism_threads=t[1])
     server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
                                   protocol="grpc", config=config, start=True)
     _exit_if_orphaned(parent)  # never returns, so ``server`` stays referenced, serving, until then
@@ -162,8 +190,9 @@ def _train_step(tf: Any, strategy: Any, kernel: Any, bias: Any, lr: float) -> An
 
 
 def coordinate(spec: dict[str, Any]) -> dict[str, Any]:
-    """The coordinator: warm up, then schedule steps for ``seconds`` and join; the figures."""
-    tf = _tf_threads()
+    """The coordinator: warm up, then measure a window of steps in ``spec["mode"]``; the figures."""
+    mode = spec["mode"]
+    tf = _tf_threads(mode, "coordinator")
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec(spec["cluster"]),
                                                                     rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -171,28 +200,68 @@ def coordinate(spec: dict[str, Any]) -> dict[str, Any]:
     kernel, bias = _model(tf, strategy, spec)
     iterator = iter(coordinator.create_per_worker_dataset(_dataset_fn(tf, spec)))
     step = _train_step(tf, strategy, kernel, bias, spec["lr"])
-    limit = IN_FLIGHT_PER_WORKER * len(spec["cluster"]["worker"])
-    _schedule_for(coordinator, step, iterator, spec["warmup_s"], limit)
-    coordinator.join()
-    t0 = time.perf_counter()
-    steps, last = _schedule_for(coordinator, step, iterator, spec["seconds"], limit)
-    coordinator.join()
+    workers = len(spec["cluster"]["worker"])
+    limit = IN_FLIGHT_PER_WORKER * workers if mode == "tuned" else None
+    if limit is not None:
+        _schedule_for(coordinator, step, iterator, spec["warmup_s"], limit)
+        coordinator.join()
+        t0 = time.perf_counter()
+        steps, last = _schedule_for(coordinator, step, iterator, spec["seconds"], limit)
+        coordinator.join()
+    else:
+        batch = lambda n: scheduled_then_joined(coordinator, step, iterator, n)  # noqa: E731
+        rate = warmed_up_rate(batch, spec["warmup_s"], first=workers)
+        steps = max(workers, round(rate * spec["seconds"]))
+        t0 = time.perf_counter()
+        last = batch(steps)
     window = time.perf_counter() - t0
-    return {"steps": steps, "window_s": round(window, 3), "steps_per_s": round(steps / window, 1),
+    return {"mode": mode, "steps": steps, "window_s": round(window, 3), "steps_per_s": round(steps / window, 1),
             "last_loss": round(float(last.fetch()), 4), "tensorflow": tf.__version__,
-            "inter_op_threads": {"ps": 1, "worker": WORKER_INTER_OP, "coordinator": 1}, "in_flight_limit": limit}
+            "threads": {job: threads(mode, job) or "TF's default" for job in TUNED_INTER_OP},
+            "coordinator_threads_read_back": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                                              "inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
+            "per_step_fetch": limit is not None, "in_flight_limit": limit}
 
 
-def _schedule_for(coordinator: Any, step: Any, iterator: Any, seconds: float, limit: int) -> tuple[int, Any]:
-    """Schedule steps for ``seconds``, at most ``limit`` not yet done; (how many, the last's RemoteValue)."""
+def _schedule_for(coordinator: Any, step: Any, iterator: Any, seconds: float, limit: int,
+                  clock: Callable[[], float] = time.perf_counter) -> tuple[int, Any]:
+    """``tuned``: schedule steps for ``seconds``, at most ``limit`` not yet done; (how many, the last's
+    RemoteValue)."""
     pending: deque[Any] = deque()
-    steps, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    steps, end = 0, clock() + seconds
+    while clock() < end:
         if len(pending) >= limit:
             pending.popleft().fetch()  # waits for the oldest step (its loss: one scalar)
         pending.append(coordinator.schedule(step, args=(iterator,)))
         steps += 1
     return steps, pending[-1]
+
+
+def scheduled_then_joined(coordinator: Any, step: Any, iterator: Any, steps: int) -> Any:
+    """``user``: ``steps`` steps scheduled at once, then one ``join``, as TF's tutorial runs an epoch (no
+    step's result fetched); the last step's RemoteValue."""
+    for _ in range(steps):
+        last = coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+    return last
+
+
+def warmed_up_rate(batch: Callable[[int], object], warmup_s: float, first: int,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
+    """Run ``batch(n)`` (n steps, all done when it returns) from ``n = first``, each batch at most twice the
+    last and no more than the rest of ``warmup_s`` (or ``MIN_BATCH_S``, if more) holds at the last batch's
+    rate (never fewer than ``first``). Stop once ``warmup_s`` has passed, a batch after the first (which
+    traces and connects) has run, and the last took ``MIN_BATCH_S`` or more; its steps/s."""
+    n, start, batches = first, clock(), 0
+    while True:
+        t0 = clock()
+        batch(n)
+        now = clock()
+        batches += 1
+        rate, left = n / (now - t0), warmup_s - (now - start)
+        if left <= 0 and batches > 1 and now - t0 >= MIN_BATCH_S:
+            return rate
+        n = max(first, min(2 * n, math.ceil(rate * max(left, MIN_BATCH_S))))
 
 
 # ---- in the bench's own process (no TensorFlow here) -------------------------------------------------
@@ -233,10 +302,10 @@ def _tail(log: Path, lines: int = 12) -> str:
     return "\n".join(text[-lines:])
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen:
+def _start(args: list[str], log: Path, mode: str) -> subprocess.Popen:
     with log.open("w") as f:
-        return subprocess.Popen([sys.executable, __file__, *args], stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=child_env())
+        return subprocess.Popen([sys.executable, __file__, *args, "--mode", mode], stdout=f,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(mode))
 
 
 def _wait_listening(ports: list[int], procs: list[subprocess.Popen], logs: list[Path], deadline: float) -> None:
@@ -270,12 +339,14 @@ def samples_per_worker(dim: int, workers: int) -> int:
 
 
 def run_peer(workers: int = 2, seconds: float = 20.0, warmup_s: float = 3.0, dim: int = 784, batch: int = 32,
-             lr: float = 0.05, classes: int = 10) -> dict[str, Any]:
-    """Start the cluster and the coordinator, measure, stop everything; the figures as a dict."""
+             lr: float = 0.05, classes: int = 10, mode: str = "user") -> dict[str, Any]:
+    """Start the cluster and the coordinator, run TF in ``mode`` (``MODES``), measure, stop everything; the
+    figures as a dict."""
+    threads(mode, "ps")  # an unknown mode fails here, before any process starts
     ports = free_ports(workers + 1)
     cluster = cluster_of(ports)
     spec = {"cluster": cluster, "dim": dim, "classes": classes, "batch": batch, "lr": lr, "seconds": seconds,
-            "warmup_s": warmup_s, "samples_per_worker": samples_per_worker(dim, workers)}
+            "warmup_s": warmup_s, "samples_per_worker": samples_per_worker(dim, workers), "mode": mode}
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="switchps-tfps-") as tmp:
         logs = [Path(tmp, "ps-0.log"), *(Path(tmp, f"worker-{i}.log") for i in range(workers))]
@@ -284,13 +355,13 @@ def run_peer(workers: int = 2, seconds: float = 20.0, warmup_s: float = 3.0, dim
             for i, log in enumerate(logs):
                 job, index = ("ps", 0) if i == 0 else ("worker", i - 1)
                 procs.append(_start(["--serve", job, str(index), "--cluster", json.dumps(cluster),
-                                     "--parent", parent], log))
+                                     "--parent", parent], log, mode))
             deadline = time.monotonic() + STARTUP_S + warmup_s + seconds
             _wait_listening(ports, procs, logs, deadline)
             spec_file, result_file, coord_log = Path(tmp, "spec.json"), Path(tmp, "result.json"), Path(tmp, "coord.log")
             spec_file.write_text(json.dumps(spec))
             procs.append(_start(["--coordinate", str(spec_file), "--result", str(result_file), "--parent", parent],
-                                coord_log))
+                                coord_log, mode))
             _wait_result(procs[-1], coord_log, deadline)
             result = json.loads(result_file.read_text())
         finally:
@@ -340,6 +411,9 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=784, help="input features (78400: 784,010 parameters)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--mode", choices=MODES, default="user",
+                    help="user: TF's default threads, no per-step fetch, a join per batch (TF's tutorial); "
+                         "tuned: 1 thread per pool, every step's loss fetched")
     ap.add_argument("--serve", nargs=2, metavar=("JOB", "INDEX"), help=argparse.SUPPRESS)
     ap.add_argument("--cluster", help=argparse.SUPPRESS)
     ap.add_argument("--parent", type=int, help=argparse.SUPPRESS)
@@ -347,14 +421,14 @@ def main() -> None:
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve[0], int(args.serve[1]), json.loads(args.cluster), args.parent)
+        serve(args.serve[0], int(args.serve[1]), json.loads(args.cluster), args.parent, args.mode)
     elif args.coordinate:
         _coordinator_main(Path(args.coordinate), Path(args.result), args.parent)
     else:
         try:
             with stoppable():
-                print(json.dumps(run_peer(args.workers, args.seconds, args.warmup_s, args.dim, args.batch, args.lr),
-                                 indent=2))
+                print(json.dumps(run_peer(args.workers, args.seconds, args.warmup_s, args.dim, args.batch, args.lr,
+                                          mode=args.mode), indent=2))
         except KeyboardInterrupt:
             sys.exit("tf_ps: interrupted; every process it started is stopped")
 

@@ -2,8 +2,10 @@
 
 For each parameter-set size, one round trip sends the payload up and gets a
 payload of the same size back:
-- raw: a grpcio stream-stream call of pre-built bytes chunks, answered with
-  pre-built chunks (no protobuf, no copies, no work), measured three ways: as
+- raw: grpcio carrying pre-built bytes and answered with pre-built bytes (no
+  protobuf, no copies, no work), sent as switchps sends a push of that size
+  (``raw_call``): one unary message each way up to ``codec.whole_limit``, a
+  stream-stream call of chunks above it. Measured three ways: as
   grpcio runs by default ("stock"), with the allocator tuning switchps
   applies to itself (``tune_allocator``), which makes raw grpcio faster too, and
   tuned on grpcio's asyncio server, the kind the PS runs
@@ -46,12 +48,25 @@ from switchps.channels import ClientSecurity, ServerSecurity
 from switchps.jsonfile import dumps
 from switchps.security_config import TLSSpec
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator, whole_limit
 from switchps.protos.layout import make_layout
 from switchps.worker.client import PSClient, wait_for_ps
 
 
+RAW_SERVICE = "raw.Echo"
+RAW_METHODS = {"unary": "Whole", "stream": "Echo"}
+"""The raw echo's method for each kind of call (``raw_call``)."""
+
+
+def raw_call(nbytes: int, chunk_bytes: int) -> str:
+    """How switchps's client sends a push of ``nbytes`` (``PSClient.push``), and so the raw baseline too:
+    ``unary``, one message each way, up to ``whole_limit``; ``stream``, chunks, above it."""
+    return "unary" if nbytes <= whole_limit(chunk_bytes) else "stream"
+
+
 def serve_raw(port: int, chunk_bytes: int, tuned: bool) -> None:
+    """The raw echo on grpcio's thread-pool server: a unary call is answered with one message of the
+    request's size, a stream with chunks of its total size."""
     if tuned:
         tune_allocator()
     cache: dict[int, list[bytes]] = {}
@@ -60,8 +75,11 @@ def serve_raw(port: int, chunk_bytes: int, tuned: bool) -> None:
         n = sum(len(f) for f in frames)
         yield from _reply(cache, n, chunk_bytes)
 
+    def whole(request: bytes, ctx) -> bytes:
+        return _whole(cache, len(request))
+
     server = grpc.server(futures.ThreadPoolExecutor(4), options=grpc_options())
-    server.add_generic_rpc_handlers([_echo_handler(echo)])
+    server.add_generic_rpc_handlers([_echo_handler(echo, whole)])
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     server.wait_for_termination()
@@ -81,9 +99,12 @@ def serve_raw_aio(port: int, chunk_bytes: int) -> None:
         for chunk in _reply(cache, n, chunk_bytes):
             yield chunk
 
+    async def whole(request: bytes, ctx) -> bytes:
+        return _whole(cache, len(request))
+
     async def serve() -> None:
         server = grpc.aio.server(options=grpc_options())
-        server.add_generic_rpc_handlers([_echo_handler(echo)])
+        server.add_generic_rpc_handlers([_echo_handler(echo, whole)])
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         await server.wait_for_termination()
@@ -92,14 +113,23 @@ def serve_raw_aio(port: int, chunk_bytes: int) -> None:
 
 
 def _reply(cache: dict[int, list[bytes]], n: int, chunk_bytes: int) -> list[bytes]:
-    """Pre-built chunks of ``n`` bytes in all (built once per size)."""
+    """Pre-built chunks of ``n`` bytes in all (built once per size; a size goes one way only, ``raw_call``)."""
     if n not in cache:
         cache[n] = [bytes(min(chunk_bytes, n - i)) for i in range(0, n, chunk_bytes)]
     return cache[n]
 
 
-def _echo_handler(echo) -> grpc.GenericRpcHandler:
-    return grpc.method_handlers_generic_handler("raw.Echo", {"Echo": grpc.stream_stream_rpc_method_handler(echo)})
+def _whole(cache: dict[int, list[bytes]], n: int) -> bytes:
+    """Pre-built ``n`` bytes as one message (built once per size)."""
+    if n not in cache:
+        cache[n] = [bytes(n)]
+    return cache[n][0]
+
+
+def _echo_handler(echo, whole) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(RAW_SERVICE, {
+        RAW_METHODS["stream"]: grpc.stream_stream_rpc_method_handler(echo),
+        RAW_METHODS["unary"]: grpc.unary_unary_rpc_method_handler(whole)})
 
 
 PS_CONFIG = {"cluster": {"workers": 1}, "protocol": {"name": "asp"},
@@ -153,13 +183,30 @@ def bench_raw(port: int, nbytes: int, chunk_bytes: int, reps: int, tuned: bool) 
 
 
 def raw_client(port: int, nbytes: int, chunk_bytes: int, reps: int, tuned: bool) -> list[float]:
+    """Seconds per raw round trip of ``nbytes`` each way, sent as ``raw_call`` says."""
     if tuned:
         tune_allocator()
-    chunks = [bytes(min(chunk_bytes, nbytes - i)) for i in range(0, nbytes, chunk_bytes)]
+    kind = raw_call(nbytes, chunk_bytes)
+    method = f"/{RAW_SERVICE}/{RAW_METHODS[kind]}"
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options()) as ch:
-        call = ch.stream_stream("/raw.Echo/Echo", request_serializer=None, response_deserializer=None)
         grpc.channel_ready_future(ch).result(timeout=30)
-        return _timed(lambda: sum(len(f) for f in call(iter(chunks))), reps)
+        if kind == "unary":
+            payload, unary = bytes(nbytes), ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+
+            def returned() -> int:
+                return len(unary(payload))
+        else:
+            chunks = [bytes(min(chunk_bytes, nbytes - i)) for i in range(0, nbytes, chunk_bytes)]
+            stream = ch.stream_stream(method, request_serializer=None, response_deserializer=None)
+
+            def returned() -> int:
+                return sum(len(f) for f in stream(iter(chunks)))
+
+        def round_trip() -> None:
+            if (got := returned()) != nbytes:
+                raise RuntimeError(f"the echo returned {got} bytes of {nbytes}")
+
+        return _timed(round_trip, reps)
 
 
 def bench_switchps(address: str, nbytes: int, worker: int, reps: int, security: ClientSecurity = ClientSecurity(),
@@ -178,10 +225,13 @@ def bench_switchps(address: str, nbytes: int, worker: int, reps: int, security: 
         raise RuntimeError("the PS did not attach this host's segment")
     grad = np.ones(size, np.float32)
 
-    def push() -> None:
+    def push() -> None:  # each push is applied (ASP) and its reply carries the new version's values
         nonlocal version
         header = pb.PushHeader(worker=worker, base_version=version, samples=1, layout_digest=layout.digest)
-        version = client.push(header, grad, params).order.version
+        r = client.push(header, grad, params)
+        if not (r.fresh and r.values.nbytes == nbytes and r.order.version == version + 1):
+            raise RuntimeError(f"a push at version {version} got version {r.order.version}, {r.values.nbytes} bytes")
+        version = r.order.version
 
     before = COPIES.bytes_copied
     seconds = _timed(push, reps)
@@ -196,7 +246,7 @@ def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
     finiteness check, the optimizer's step (SGD, as the PS here runs it), the new version's copy into
     frames, and the client's copy out of the reply into its parameters."""
     from switchps.config import parse_config
-    from switchps.protos.codec import all_finite, array_chunks, receive_into, whole_frame, whole_limit
+    from switchps.protos.codec import all_finite, array_chunks, receive_into, whole_frame
     from switchps.ps_server.model import Snapshot
     from switchps.ps_server.optimizers import apply_update, optimizer_factory
 
@@ -205,7 +255,7 @@ def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
     grad, buf, values, out = (np.ones(size, np.float32) for _ in range(4))
     optimizer = optimizer_factory(parse_config(PS_CONFIG).optimizer)(size)
     frames = list(array_chunks(values, chunk_bytes))
-    encode = (lambda: whole_frame(pb.PushHeader(), grad)) if nbytes <= whole_limit(chunk_bytes) else \
+    encode = (lambda: whole_frame(pb.PushHeader(), grad)) if raw_call(nbytes, chunk_bytes) == "unary" else \
         (lambda: list(array_chunks(grad, chunk_bytes)))
     steps = {
         "client_encode": encode,
@@ -304,6 +354,7 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
     estimate = med["raw_tuned"] * 1e3 + sum(ms[k] for k in PS_PASSES)
     return {
         "size_mb": mb,
+        "raw_call": raw_call(nbytes, chunk),
         **{f"{k}_gb_s": gbps(v) for k, v in med.items()},
         **{f"{k}_median_ms": round(v * 1e3, 2) for k, v in med.items()},
         "ratio_vs_stock_grpcio": round(med["raw_default"] / med["switchps"], 3),

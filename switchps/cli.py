@@ -73,8 +73,7 @@ def _ray_backend(cfg: RunConfig, address: str | None) -> "RayBackend":
             raise
         raise ConfigError('run: --backend ray needs Ray, which is not installed: pip install "switchps[ray]"') from None
     env = run_secret(cfg)
-    connect(address)
-    backend = RayBackend(cfg, env)
+    backend = RayBackend(cfg, env, local=connect(address))
     backend.open()
     return backend
 

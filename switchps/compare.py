@@ -88,8 +88,17 @@ def run_labels(results: list[RunResult]) -> list[str]:
 
 
 def compare_runs(run_dirs: list[Path], target: float, out: Path) -> list[RunResult]:
-    """Overlay test accuracy (vs time and vs model version), training loss and throughput (samples/s
-    over time) for all runs; save to ``out`` (PNG)."""
+    """``comparison`` of the runs, its figure saved to ``out`` (PNG)."""
+    results, fig = comparison(run_dirs, target)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=DPI)
+    return results
+
+
+def comparison(run_dirs: list[Path], target: float) -> tuple[list[RunResult], Figure]:
+    """Each run's headline numbers, and a figure overlaying test accuracy (vs time and vs model version),
+    training loss and throughput (samples/s over time) for all runs."""
     runs = [Run.load(d) for d in run_dirs]
     results = [_result(run, target) for run in runs]
     fig = Figure(figsize=(13, 9), layout="constrained")
@@ -113,10 +122,7 @@ def compare_runs(run_dirs: list[Path], target: float, out: Path) -> list[RunResu
         ax.grid(alpha=0.3)
     ax_time.legend(loc="lower right", fontsize="small")
     fig.suptitle(f"Run comparison (★ = first reached {target:g})")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=DPI)
-    return results
+    return results, fig
 
 
 def _throughput(run: Run, bin_s: float = 2.0) -> tuple[np.ndarray, np.ndarray]:

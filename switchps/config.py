@@ -307,6 +307,10 @@ class RuntimeSpec(Section):
     """The PS cuts a request stream that sends no frame for this long (DEADLINE_EXCEEDED, counted)."""
     max_model_mb: float = Field(8192.0, gt=0, le=2**20)
     """The largest model (parameters and state) the PS accepts from a Register."""
+    max_grad_norm: float | None = Field(None, gt=0)
+    """The PS refuses a push whose gradient's L2 norm per sample exceeds this (INVALID_ARGUMENT, counted
+    as ``push:grad_norm``): a bound on what a buggy worker's finite but absurd gradient can do. None: off.
+    A simulation's gradients are its own: not checked."""
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Expose Prometheus metrics from the PS on this port."""
     shared_memory: bool = True

@@ -174,13 +174,8 @@ def _per_worker_hist(run: Run, column: str, xlabel: str, what: str, integer: boo
     return fig
 
 
-def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    """Write the per-run PNGs (see ``PLOT_FILES``) into ``out_dir`` (default ``run_dir/plots``).
-
-    Plots whose data is empty are skipped. Returns the paths written.
-    """
-    run = Run.load(run_dir)
-    out_dir = Path(out_dir) if out_dir is not None else run.run_dir / "plots"
+def run_figures(run: Run) -> dict[str, Figure | None]:
+    """Each per-run plot by file name (None: its data is empty), drawn but not saved."""
     figures = {
         "accuracy_vs_time.png": _line_plot(run, "time_s", "time (s)", "test accuracy vs time"),
         "accuracy_vs_version.png": _line_plot(run, "version", "model version", "test accuracy vs model version"),
@@ -202,8 +197,18 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     }
     if (run.run_dir / "resources.csv").exists():
         figures["resources.png"] = resources.figure(run.run_dir / "resources.csv")
+    return figures
+
+
+def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Write the per-run PNGs (see ``PLOT_FILES``) into ``out_dir`` (default ``run_dir/plots``).
+
+    Plots whose data is empty are skipped. Returns the paths written.
+    """
+    run = Run.load(run_dir)
+    out_dir = Path(out_dir) if out_dir is not None else run.run_dir / "plots"
     written = []
-    for filename, fig in figures.items():
+    for filename, fig in run_figures(run).items():
         if fig is None:
             continue
         out_dir.mkdir(parents=True, exist_ok=True)

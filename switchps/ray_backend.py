@@ -54,12 +54,12 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from switchps import ray_placement as placement
 from switchps.auth import new_secret
 from switchps.backends import RoleSpec, child_env
 from switchps.config import RunConfig
 from switchps.jsonfile import dumps
-from switchps.launcher import LaunchError
-from switchps.ray_config import RayRoleSpec
+from switchps.launcher import LaunchError, console
 from switchps.ray_sync import Batch, Mirror, Stage, staged
 
 RUN_SECRET_ENV = "SWITCHPS_RUN_SECRET"
@@ -266,12 +266,6 @@ def _ready(ref: Any) -> bool:
     return ref is not None and bool(ray.wait([ref], timeout=0)[0])
 
 
-def bundle(spec: RayRoleSpec) -> dict[str, float]:
-    """A role's placement-group bundle."""
-    b = {"CPU": spec.num_cpus, "GPU": spec.num_gpus, "memory": float(spec.memory or 0), **spec.resources}
-    return {k: v for k, v in b.items() if v}
-
-
 @dataclass
 class RayBackend:
     """Each role an actor in one placement group; ``open`` reserves the group, ``close`` releases it."""
@@ -279,6 +273,11 @@ class RayBackend:
     cfg: RunConfig
     env: dict[str, str] = field(default_factory=dict)
     """What each role's environment adds: the run secret, by its ``security.secret_env`` name."""
+    local: bool = False
+    """Ray was started by this command (``connect`` with no address): its one node is all the cluster
+    will have, so roles left at the default share its CPUs, and a group it cannot hold fails at once."""
+    bundles: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each role's bundle (``ray_placement.bundles``), set by ``open``."""
     pg: PlacementGroup | None = None
     store: Any = None
     """The ``RunStore`` of the run directory, on this (the driver's) node."""
@@ -290,24 +289,29 @@ class RayBackend:
         shards = [f"ps-{k}" for k in range(1, len(self.cfg.cluster.shards))]
         return ["ps", *shards, "evaluator", *(f"worker-{i}" for i in range(self.cfg.cluster.num_workers))]
 
-    def _spec(self, role: str) -> RayRoleSpec:
-        """A role's bundle: every PS shard's is ``cluster.ray.ps``."""
-        spec = self.cfg.cluster.ray
-        return spec.ps if role.startswith("ps") else spec.evaluator if role == "evaluator" else spec.worker
-
     def open(self) -> None:
-        """Reserve the placement group; ``LaunchError`` naming what was asked and what the cluster has
-        if it is not ready within ``cluster.ray.placement_timeout_s``."""
-        spec = self.cfg.cluster.ray
-        bundles = [bundle(self._spec(r)) for r in self.roles()]
-        self.pg = placement_group(bundles, strategy=spec.strategy.upper())
+        """Size the bundles and reserve the placement group. ``LaunchError`` at once if the nodes of a
+        local Ray cannot hold it, else if it is not ready within ``cluster.ray.placement_timeout_s`` (a
+        cluster joined may gain nodes meanwhile: what it cannot hold now is said at once), naming what
+        was asked, what the cluster has and the ``num_cpus`` settings that would fit."""
+        spec, roles = self.cfg.cluster.ray, self.roles()
+        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+        local_cpus = sum(n.get("CPU", 0.0) for n in nodes) if self.local else None
+        self.bundles = placement.bundles(spec, roles, local_cpus)
+        problem = placement.unplaceable(spec, roles, nodes, local_cpus)
+        if problem is not None and self.local:
+            raise LaunchError(f"{problem} (the local Ray this command started; --address joins a cluster)")
+        if problem is not None:
+            console.print(f"switchps: {problem}; waiting up to {spec.placement_timeout_s:g} s "
+                          "(cluster.ray.placement_timeout_s) for nodes to join")
+        self.pg = placement_group(list(self.bundles.values()), strategy=spec.strategy.upper())
         ready, _ = ray.wait([self.pg.ready()], timeout=spec.placement_timeout_s)
         if not ready:
             remove_placement_group(self.pg)
             self.pg = None
-            raise LaunchError(f"Ray could not place the roles ({spec.strategy}: "
-                               f"{dict(zip(self.roles(), bundles))}) within {spec.placement_timeout_s:g} s; "
-                               f"the cluster has {ray.cluster_resources()}")
+            raise LaunchError(f"Ray could not place the roles ({spec.strategy}: {placement.listed(self.bundles)}) "
+                              f"within {spec.placement_timeout_s:g} s; the cluster has {ray.cluster_resources()}"
+                              + (f"; {problem}" if problem else ""))
 
     def start(self, role: RoleSpec) -> RayRole:
         """Submit the role's actor into its bundle; returns before it runs."""
@@ -315,7 +319,7 @@ class RayBackend:
             self.open()
         assert self.pg is not None
         spec = self.cfg.cluster.ray
-        options = _options(self._spec(role.role), spec.max_restarts)
+        options = _options(self.bundles[role.role], spec.max_restarts)
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                     placement_group_bundle_index=self.roles().index(role.role))
         name = actor_name(role.run_dir, role.role, self.started[role.role])
@@ -355,13 +359,15 @@ def actor_name(run_dir: Path, role: str, n: int) -> str:
     return f"{run_dir.name}/{role}/{n}"
 
 
-def _options(spec: RayRoleSpec, max_restarts: int) -> dict[str, Any]:
+def _options(bundle: dict[str, float], max_restarts: int) -> dict[str, Any]:
     """An actor's options: its bundle's resources (the actor uses what its bundle reserves)."""
-    options: dict[str, Any] = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "max_restarts": max_restarts}
-    if spec.memory:
-        options["memory"] = spec.memory
-    if spec.resources:
-        options["resources"] = dict(spec.resources)
+    options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": bundle.get("GPU", 0.0),
+                               "max_restarts": max_restarts}
+    if "memory" in bundle:
+        options["memory"] = int(bundle["memory"])
+    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
+    if custom:
+        options["resources"] = custom
     return options
 
 
@@ -377,8 +383,11 @@ def run_secret(cfg: RunConfig) -> dict[str, str]:
     return {}
 
 
-def connect(address: str | None) -> None:
-    """Join the Ray cluster at ``address`` (``auto``: the one this host belongs to), or start a local one."""
-    if not ray.is_initialized():
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
-                 include_dashboard=False if address is None else None)
+def connect(address: str | None) -> bool:
+    """Join the Ray cluster at ``address`` (``auto``: the one this host belongs to), or start a local one
+    for the run (never one found running); whether it started one."""
+    if ray.is_initialized():
+        return False
+    ray.init(address=address or "local", logging_level=logging.WARNING, log_to_driver=False,
+             include_dashboard=False if address is None else None)
+    return address is None

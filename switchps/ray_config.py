@@ -16,7 +16,9 @@ from switchps.schema import Section
 class RayRoleSpec(Section):
     """What one role's Ray actor reserves: its placement-group bundle (`switchps run --backend ray`)."""
 
-    num_cpus: float = Field(1.0, ge=0, le=1024)
+    num_cpus: float | None = Field(None, ge=0, le=1024)
+    """CPUs the bundle reserves. Unset: 1, or on a local Ray that `switchps run` started itself (no
+    --address) an equal share of its CPUs where 1 each would not fit (``switchps.ray_placement``)."""
     num_gpus: float = Field(0.0, ge=0, le=1024)
     memory: int | None = Field(None, gt=0)
     """Bytes of Ray's `memory` resource (a scheduling reservation, not a limit)."""
@@ -35,7 +37,7 @@ class RayRoleSpec(Section):
 
     @model_validator(mode="after")
     def _reserves(self) -> "RayRoleSpec":
-        if not (self.num_cpus or self.num_gpus or self.memory or self.resources):
+        if not (self.num_cpus is None or self.num_cpus or self.num_gpus or self.memory or self.resources):
             raise ValueError("reserves nothing: a placement-group bundle needs some resource (e.g. num_cpus: 1)")
         return self
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -159,23 +162,219 @@ def test_alternate_runs_its_two_arms_abba_and_divides_the_first_by_the_second(be
     assert out["ratio"]["target"] == {"ratio": 1.0, "verdict": "above"}  # the same every pair: significant
 
 
-def test_vs_tf_alternates_switchps_and_tf_and_tests_the_ratio_against_the_target(bench: ModuleType,
-                                                                                monkeypatch) -> None:
+def _vs_tf_args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"vs_tf": 2, "dim": 784, "workers": 2, "batch": 32, "seconds": 1.0,
+                                 "tf_warmup_s": 0.0, "no_checkpoint": False, "checkpoint_every_s": 30.0,
+                                 "target": 3.5, "tf_mode": "both", "network": False, **kw})
+
+
+def test_vs_tf_interleaves_switchps_and_both_tf_modes_and_takes_the_faster_as_the_peer(bench: ModuleType,
+                                                                                      monkeypatch) -> None:
     order: list[str] = []
+    tf_speed = {"user": 150.0, "tuned": 100.0}
 
     def run_once(args):
         order.append("switchps")
         return {"steps_per_s": 300.0}
 
-    def run_peer(workers, seconds, warmup_s, dim, batch, lr):
-        order.append("tf")
-        return {"steps_per_s": 100.0}
+    def run_peer(workers, seconds, warmup_s, dim, batch, lr, mode):
+        order.append(f"tf_{mode}")
+        return {"steps_per_s": tf_speed[mode], "mode": mode}
 
     monkeypatch.setattr(bench, "run_once", run_once)
     monkeypatch.setattr(bench, "run_peer", run_peer)
-    args = argparse.Namespace(vs_tf=2, dim=784, workers=2, batch=32, seconds=1.0, tf_warmup_s=0.0,
-                              no_checkpoint=False, checkpoint_every_s=30.0, target=3.5)
-    out = bench.vs_tf(args)
-    assert order == ["switchps", "tf", "tf", "switchps"]
-    assert out["ratio_switchps_over_tf"] == [3.0, 3.0]
+    out = bench.vs_tf(_vs_tf_args())
+    assert order == ["switchps", "tf_user", "tf_tuned", "tf_tuned", "tf_user", "switchps"]
+    assert out["peer"] == "tf_user" and out["ratio_switchps_over_tf"] == [2.0, 2.0]
     assert out["ratio"]["target"] == {"ratio": 3.5, "verdict": "below"}
+    assert out["tf_modes"]["tuned"]["ratio_switchps_over_tf"] == [3.0, 3.0]
+    assert out["tf_user_over_tuned"]["pair_ratios"] == [1.5, 1.5]
+    assert [r["who"] for r in out["runs"]] == order
+    tf_speed["tuned"] = 200.0  # the tuned peer now the faster: it is the one switchps is measured against
+    assert bench.vs_tf(_vs_tf_args())["peer"] == "tf_tuned"
+
+
+def test_vs_tf_with_one_tf_mode_runs_only_that_one(bench: ModuleType, monkeypatch) -> None:
+    modes: list[str] = []
+
+    def run_peer(*args, mode, **kw):
+        modes.append(mode)
+        return {"steps_per_s": 100.0}
+
+    monkeypatch.setattr(bench, "run_once", lambda args: {"steps_per_s": 300.0})
+    monkeypatch.setattr(bench, "run_peer", run_peer)
+    out = bench.vs_tf(_vs_tf_args(tf_mode="tuned", network=True))
+    assert modes == ["tuned", "tuned"] and out["peer"] == "tf_tuned" and "tf_user_over_tuned" not in out
+    assert out["switchps"]["path"] == "network" and out["switchps"]["shared_memory"] is False
+
+
+def test_network_path_runs_switchps_on_grpc_bytes_with_no_cpu_binding(bench: ModuleType) -> None:
+    """``--network``: no shared memory (so no Unix socket) and the launcher binds no worker, as on other
+    hosts; without it, switchps as shipped: both."""
+    from switchps.cpu_binding import CpuBinding, local_bindings
+
+    args = argparse.Namespace(network=False, workers=2, dim=784, batch=32, seconds=1.0, no_checkpoint=False,
+                              checkpoint_every_s=30.0)
+    shipped = bench.run_config(args)
+    assert shipped.runtime.shared_memory
+    assert local_bindings(2, 1, shipped.runtime.cpu, [0, 1])["worker-1"] == CpuBinding((1,), 5)
+    network = bench.run_config(argparse.Namespace(**{**vars(args), "network": True}))
+    assert not network.runtime.shared_memory
+    assert set(local_bindings(2, 1, network.runtime.cpu, [0, 1]).values()) == {CpuBinding()}
+    assert not bench.run_config(args, shared_memory=False).runtime.shared_memory  # --shm-ab's second arm
+
+
+@pytest.fixture
+def tf_ps(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module("tf_ps")
+
+
+def test_tf_user_mode_keeps_tf_default_threads_and_tuned_mode_limits_them(tf_ps: ModuleType,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    assert all(tf_ps.threads("user", job) is None for job in ("ps", "worker", "coordinator"))
+    assert [tf_ps.threads("tuned", job) for job in ("ps", "worker", "coordinator")] == [(1, 1), (1, 2), (1, 1)]
+    with pytest.raises(ValueError):
+        tf_ps.threads("fast", "ps")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert "OMP_NUM_THREADS" not in tf_ps.child_env("user") and tf_ps.child_env("tuned")["OMP_NUM_THREADS"] == "1"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeCoordinator:
+    """``schedule`` returns a RemoteValue whose ``fetch`` is recorded; each schedule takes ``step_s``."""
+
+    def __init__(self, clock: FakeClock, step_s: float = 1.0) -> None:
+        self.calls: list[str] = []
+        self.clock, self.step_s = clock, step_s
+
+    def schedule(self, fn, args):
+        self.calls.append("schedule")
+        self.clock.now += self.step_s
+        return SimpleNamespace(fetch=lambda: self.calls.append("fetch"))
+
+    def join(self) -> None:
+        self.calls.append("join")
+
+
+def test_tf_user_mode_schedules_every_step_then_joins_once_fetching_none(tf_ps: ModuleType) -> None:
+    coordinator = FakeCoordinator(FakeClock())
+    tf_ps.scheduled_then_joined(coordinator, "step", "iterator", 5)
+    assert coordinator.calls == ["schedule"] * 5 + ["join"]
+
+
+def test_tf_tuned_mode_fetches_every_step_beyond_its_in_flight_limit(tf_ps: ModuleType) -> None:
+    clock = FakeClock()
+    coordinator = FakeCoordinator(clock)
+    steps, _ = tf_ps._schedule_for(coordinator, "step", "iterator", 6.0, limit=2, clock=clock)
+    assert steps == 6
+    assert coordinator.calls == ["schedule"] * 2 + ["fetch", "schedule"] * 4
+
+
+def test_tf_user_mode_warm_up_doubles_its_batches_within_the_warm_up_and_returns_the_last_rate(
+        tf_ps: ModuleType) -> None:
+    clock, sizes = FakeClock(), []
+
+    def batch(n: int) -> None:  # 8 steps/s
+        sizes.append(n)
+        clock.now += n / 8
+
+    assert tf_ps.MIN_BATCH_S == 0.5
+    assert tf_ps.warmed_up_rate(batch, 4.0, first=2, clock=clock) == 8.0
+    # 2, 4, 8 steps (1.75 s), then 16 (the 18 that 2.25 s hold at 8/s, capped at twice 8), then the 4 that
+    # the shortest batch holds (more than the 0.25 s left): the warm-up ends at 4.25 s
+    assert sizes == [2, 4, 8, 16, 4] and clock.now == 4.25
+
+
+def test_tf_user_mode_warm_up_never_sizes_the_window_from_its_first_batch(tf_ps: ModuleType) -> None:
+    """The first batch traces and connects: however long it takes, a later batch of at least ``MIN_BATCH_S``
+    gives the rate."""
+    clock, sizes = FakeClock(), []
+
+    def batch(n: int) -> None:  # 8 steps/s after a first batch of 10 s
+        sizes.append(n)
+        clock.now += 10.0 if len(sizes) == 1 else n / 8
+
+    assert tf_ps.warmed_up_rate(batch, 4.0, first=2, clock=clock) == 8.0
+    assert sizes == [2, 2, 4]  # 0.25 s is too short a batch to time; 4 steps take 0.5 s
+
+
+@pytest.mark.integration
+def test_tf_ps_runs_as_users_run_it() -> None:
+    """A tiny real run of the user mode: TF's default threads read back in the coordinator, no step fetched,
+    every port freed."""
+    import json
+
+    out = subprocess.run([sys.executable, str(BENCH / "tf_ps.py"), "--mode", "user", "--workers", "1",
+                          "--seconds", "1", "--warmup-s", "1", "--dim", "8"], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["mode"] == "user" and result["steps"] >= 1 and result["ports_freed"]
+    assert result["coordinator_threads_read_back"] == {"intra_op": 0, "inter_op": 0}  # 0: TF's default
+    assert result["per_step_fetch"] is False and result["in_flight_limit"] is None
+
+
+@pytest.fixture
+def transport(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module("transport")
+
+
+def test_raw_baseline_sends_one_unary_message_where_switchps_does_and_streams_above(transport: ModuleType) -> None:
+    """The raw client's call, per size, as the echo server sees it: unary up to switchps's limit for one
+    message, a stream of chunks above it."""
+    from concurrent import futures
+
+    import grpc
+
+    from switchps.address import free_port
+    from switchps.protos.codec import grpc_options, whole_limit
+
+    chunk = 1 << 20
+    limit = whole_limit(chunk)
+    assert transport.raw_call(limit, chunk) == "unary" and transport.raw_call(limit + 4, chunk) == "stream"
+    seen: list[tuple[str, int]] = []
+
+    def echo(frames, ctx):
+        sizes = [len(f) for f in frames]
+        seen.append(("stream", sum(sizes)))
+        yield from (bytes(n) for n in sizes)
+
+    def whole(request: bytes, ctx) -> bytes:
+        seen.append(("unary", len(request)))
+        return request
+
+    port = free_port()
+    server = grpc.server(futures.ThreadPoolExecutor(2), options=grpc_options())
+    server.add_generic_rpc_handlers([transport._echo_handler(echo, whole)])
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        for nbytes in (limit, limit + 4):
+            assert len(transport.raw_client(port, nbytes, chunk, reps=1, tuned=False)) == 1
+    finally:
+        server.stop(None)
+    assert seen == [("unary", limit)] * 4 + [("stream", limit + 4)] * 4  # 3 warm-up round trips and 1 timed
+
+
+def test_record_keeps_a_benchmark_s_json_with_its_command_and_commit(tmp_path: Path) -> None:
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    cmd = [sys.executable, str(bench / "record.py"), "probe", "--dir", str(tmp_path), "--",
+           sys.executable, "-c", "print('{\"steps_per_s\": 12.5}')"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "probe.json").read_text())
+    assert doc["result"] == {"steps_per_s": 12.5} and shlex.split(doc["command"]) == cmd[6:]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=bench).stdout
+    assert doc["commit"] == head.strip() and doc["cpus"] == os.cpu_count()
+    failed = subprocess.run([*cmd[:3], "--dir", str(tmp_path), "--", sys.executable, "-c", "raise SystemExit(3)"],
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode != 0 and "exited 3" in failed.stderr

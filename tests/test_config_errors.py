@@ -8,13 +8,16 @@ import sys
 import textwrap
 from contextlib import contextmanager
 from pathlib import Path
+from typing import get_args
 
+import annotated_types as at
 import pytest
 
 import switchps.launcher
 from switchps.cli import main
 from switchps.checks import PREFLIGHT
-from switchps.config import ConfigError, load_config
+from switchps.config import ConfigError, RunConfig, load_config, parse_config
+from switchps.schema import Section
 
 SWITCHPS = str(Path(sys.executable).parent / "switchps")  # the console script pip installed
 PREFIX = "switchps: config error: "
@@ -47,6 +50,8 @@ BAD = [
     ("seed 2**32", "seed: 4294967296", [], ["seed: Input should be less than or equal to 4294967295"]),
     ("steps 1.0e+12", "train: {steps: 1.0e+12}", [], ["train.steps: Input should be less than or equal to"]),
     ("threads 1000", "runtime: {intra_op_threads: 1000}", [], ["runtime.intra_op_threads: "]),
+    ("max_grad_norm 0", "runtime: {max_grad_norm: 0}", [],
+     ["runtime.max_grad_norm: Input should be greater than 0"]),
     # typos get the nearest key
     ("top-level typo", "protcol: {name: bsp}", [], ["protcol: unknown key (did you mean protocol?)"]),
     ("section typo", "protocol: {batchsize: 3}", [], ["protocol.batchsize: unknown key (did you mean batch?)"]),
@@ -141,8 +146,51 @@ def test_bad_config_exits_2_before_launching(isolated, capsys, content, override
     _check(capsys.readouterr().err, expected)
 
 
-def test_the_table_has_the_issue_s_27_kinds():
-    assert len({name for name, *_ in BAD}) == len(BAD) >= 27
+BOUNDS = {at.Gt: ("gt", "greater than", 0), at.Ge: ("ge", "greater than or equal to", -1),
+          at.Lt: ("lt", "less than", 0), at.Le: ("le", "less than or equal to", 1)}
+"""Each kind of bound: its attribute, pydantic's words, and a step from the bound that breaks it."""
+
+
+def _sections(annotation: object) -> list[type[Section]]:
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return [annotation]
+    return [s for a in get_args(annotation) for s in _sections(a)]
+
+
+def _bounded(model: type[Section] = RunConfig, prefix: str = "") -> list[tuple[str, str, list[str]]]:
+    """For every bound on a number anywhere in the schema: the ``--set`` that breaks it just past the bound,
+    and the lines the report must be (the field's, and any required field of its section left out)."""
+    cases = []
+    for name, field in model.model_fields.items():
+        for bound in (m for m in field.metadata if type(m) in BOUNDS):
+            attr, phrase, step = BOUNDS[type(bound)]
+            limit = getattr(bound, attr)
+            lines = [f"{prefix}{name}: Input should be {phrase} {limit} (got {limit + step})"
+                     if other == name else f"{prefix}{other}: Field required"
+                     for other, f in model.model_fields.items() if other == name or f.is_required()]
+            cases.append((f"{prefix}{name}={limit + step}", type(bound).__name__, lines))
+        for section in _sections(field.annotation):
+            cases += _bounded(section, f"{prefix}{name}.")
+    return cases
+
+
+BOUNDED = _bounded()
+
+
+def test_the_bounds_are_found_in_every_nested_section():
+    """The generated cases below reach the deepest sections (an empty list would pass them vacuously)."""
+    fields = {override.partition("=")[0] for override, *_ in BOUNDED}
+    assert {"seed", "protocol.batch", "cluster.ray.ps.num_cpus", "runtime.cpu.worker_nice",
+            "stragglers.transient.duration_s", "policy.on_switch.state_scale"} <= fields
+
+
+@pytest.mark.parametrize("override, bound, expected", BOUNDED, ids=[f"{o}:{b}" for o, b, _ in BOUNDED])
+def test_every_bound_in_the_schema_is_one_line_naming_its_field(override, bound, expected):
+    """Derived from the models: each number's bound, broken, is reported on its field's line (and only
+    there), whatever section it sits in."""
+    with pytest.raises(ConfigError) as err:
+        parse_config({}, [override])
+    assert err.value.problems == expected
 
 
 @contextmanager

@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from conftest import wait_until
 from switchps.protos import switchps_pb2 as pb
@@ -55,9 +56,11 @@ def test_a_stream_that_breaks_after_a_complete_first_frame_applies_nothing(clust
         yield _frame0(c)
         yield bytes(65 * 2**20)
 
-    def stalled():  # the client's deadline passes while the stream is still open
+    ended = threading.Event()
+
+    def stalled():  # the client's deadline passes while the stream is still open: it stalls till the PS ends it
         yield _frame0(c)
-        time.sleep(1.5)
+        ended.wait(30)
 
     with pytest.raises(grpc.RpcError) as err:
         list(_stream(channel)(oversized(), timeout=30))
@@ -68,6 +71,7 @@ def test_a_stream_that_breaks_after_a_complete_first_frame_applies_nothing(clust
     # the PS sees the passed deadline either as the end of the stream or as the call's cancellation
     pushes = lambda: {k: v for k, v in c.rec.rejections.items() if k.startswith("push:")}  # noqa: E731
     wait_until(lambda: sum(pushes().values()) == 2, what="the stalled stream to end on the PS")
+    ended.set()
     assert c.rec.rejections["push:broken_stream"] >= 1 and set(pushes()) <= {"push:broken_stream", "push:cancelled"}
     np.testing.assert_array_equal(c.params, np.zeros(SIZE))
     assert c.store.version == 0
@@ -88,6 +92,11 @@ def test_an_empty_stream_is_invalid_argument_counted_and_logged_once(cluster_fac
     channel.close()
 
 
+def _open_push_streams() -> float:
+    """The PS's own count of open push streams, as its Prometheus endpoint serves it."""
+    return REGISTRY.get_sample_value("switchps_push_streams") or 0.0
+
+
 def test_idle_streams_do_not_starve_health_checks_or_pulls(cluster_factory):
     c = cluster_factory(workers=1, size=SIZE, protocol={"name": "asp"}, receive_timeout_s=3.0)
     channel = _channel(c)
@@ -97,8 +106,9 @@ def test_idle_streams_do_not_starve_health_checks_or_pulls(cluster_factory):
         never.wait(30)
         yield b""  # pragma: no cover - the server gives up first
 
+    before = _open_push_streams()
     idle = [_stream(channel)(silent(), timeout=30) for _ in range(100)]
-    time.sleep(0.5)  # every stream is open on the server
+    wait_until(lambda: _open_push_streams() == before + 100, what="every stream to be open on the PS")
     health = health_pb2_grpc.HealthStub(channel)
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING
     w = c.workers[0]
@@ -111,6 +121,7 @@ def test_idle_streams_do_not_starve_health_checks_or_pulls(cluster_factory):
         codes.append(err.value.code())
     assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}, "the server cuts streams that send nothing"
     assert c.rec.rejections["push:idle"] == 100
+    wait_until(lambda: _open_push_streams() == before, what="the PS to close the streams it cut")
     never.set()
     channel.close()
 

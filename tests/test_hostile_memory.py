@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -13,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from conftest import wait_until
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode, receive_limit
 from switchps.refusals import Rejected
@@ -65,7 +65,7 @@ def test_a_frame_over_one_chunk_and_a_header_is_refused_before_it_is_read(cluste
         with pytest.raises(grpc.RpcError) as err:
             list(call(iter([too_big]), timeout=10))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    time.sleep(0.2)  # the refused stream has ended on the PS too
+    wait_until(lambda: sum(c.rec.rejections.values()) >= 1, what="the PS to count the refused stream")
     np.testing.assert_array_equal(c.params, np.zeros(SIZE))
     assert c.store.version == 0 and sum(c.rec.rejections.values()) == 1, dict(c.rec.rejections)
     assert c.workers[0].push(np.ones(SIZE, np.float32), 4).reply.applied, "a good push still works"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-import time
 
 import numpy as np
 import pytest
 
+from conftest import wait_until
 from switchps.protos.codec import COPIES
 from switchps.protos.layout import make_layout
 from switchps.ps_server.model import ModelStore, Snapshot
@@ -51,7 +51,7 @@ def test_snapshot_readers_wait_for_each_chunk_in_order():
     reader = threading.Thread(target=_chunks, args=(snap, got))
     reader.start()
     snap.publish_until(flat, 1500)  # only the first chunk (elements 0..1023) is whole
-    time.sleep(0.2)
+    wait_until(lambda: len(got) == 1 and bool(snap._waiters), what="the reader to wait for chunk 1")
     assert len(got) == 1 and reader.is_alive()
     snap.publish_until(flat, flat.size)
     reader.join(5)
@@ -159,9 +159,7 @@ def test_a_reader_already_waiting_makes_the_chunks_of_a_snapshot_deferred_after_
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.extend(_chunks(snap)))
     reader.start()
-    deadline = time.monotonic() + 5
-    while not snap._waiters and time.monotonic() < deadline:  # the reader waits for chunk 0
-        time.sleep(0.001)
+    wait_until(lambda: bool(snap._waiters), what="the reader to wait for chunk 0")
     snap.defer(values)
     reader.join(5)
     assert not reader.is_alive()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,9 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from switchps.compare import RunResult, compare_runs, load_result, time_to_target
-from switchps.plots import PLOT_FILES, plot_run
-from switchps.runrecord import read_csv
+from matplotlib.axes import Axes
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+
+from switchps.compare import RunResult, compare_runs, comparison, load_result, time_to_target
+from switchps.plots import DPI, PLOT_FILES, plot_run, run_figures
+from switchps.runrecord import Run, read_csv
 
 from test_launch import SWITCHPS
 
@@ -94,9 +99,42 @@ def make_header_only(root: Path) -> Path:
     return run_dir
 
 
-def assert_png(path: Path) -> None:
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's (width, height) in pixels, from its IHDR chunk."""
     data = path.read_bytes()
-    assert len(data) > 1000 and data.startswith(PNG_SIGNATURE), path
+    assert data.startswith(PNG_SIGNATURE) and data[12:16] == b"IHDR", path
+    return struct.unpack(">II", data[16:24])
+
+
+def xy(ln: Line2D) -> tuple[list[float], list[float]]:
+    """A line's (x, y) data."""
+    return np.asarray(ln.get_xdata(), float).tolist(), np.asarray(ln.get_ydata(), float).tolist()
+
+
+def line(ax: Axes, label: str) -> tuple[list[float], list[float]]:
+    """The (x, y) data of the line labelled ``label``."""
+    (found,) = [ln for ln in ax.lines if ln.get_label() == label]
+    return xy(found)
+
+
+def phases(ax: Axes) -> list[tuple[str, float, float]]:
+    """The shaded protocol bands: (legend label, start, end)."""
+    bands = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert len(bands) == len(ax.patches)
+    return [(str(p.get_label()), p.get_x(), p.get_x() + p.get_width()) for p in bands]
+
+
+def bars(ax: Axes) -> dict[str, list[tuple[float, float, float]]]:
+    """Each histogram's non-empty bars (one histogram per worker when stacked) by its legend label:
+    (left, right, count)."""
+    return {c[0].get_label(): [(b.get_x(), b.get_x() + b.get_width(), b.get_height()) for b in c if b.get_height()]
+            for c in ax.containers}
+
+
+T = [0.5 * (i + 1) for i in range(20)]  # make_run: update i at 0.5 (i + 1) s is version i + 1
+VERSIONS = [float(i + 1) for i in range(20)]
+LOSS = [round(2.0 / v, 4) for v in VERSIONS]
+HAS_LOSS = [i for i in range(20) if i != 3]  # make_run leaves update 3's train_loss out
 
 
 def test_read_csv_types(tmp_path: Path) -> None:
@@ -146,14 +184,52 @@ def test_load_result(tmp_path: Path) -> None:
     assert empty.final_accuracy is empty.best_accuracy is empty.wall_time_s is empty.time_to_target_s is None
 
 
+def test_each_plot_draws_its_columns_over_the_protocol_phases(tmp_path: Path) -> None:
+    figures = run_figures(Run.load(make_run(tmp_path, "r", "switching", FAST, protocols=("bsp", "asp", "ssp"))))
+    assert list(figures) == list(PLOT_FILES)
+    ax = {name: fig.axes[0] for name, fig in figures.items() if fig is not None}
+    assert len(ax) == len(PLOT_FILES)
+    eval_t, acc = [t for t, _ in FAST], [a for _, a in FAST]
+    by_time = [("bsp phase", 0.0, 4.0), ("asp phase", 4.0, 7.5), ("ssp phase", 7.5, 10.0)]  # updates 1-7, 8-14, 15-20
+    by_version = [("bsp phase", 0.0, 8.0), ("asp phase", 8.0, 15.0), ("ssp phase", 15.0, 20.0)]
+
+    assert line(ax["accuracy_vs_time.png"], "test accuracy") == (eval_t, acc)
+    assert phases(ax["accuracy_vs_time.png"]) == by_time
+    assert line(ax["accuracy_vs_version.png"], "test accuracy") == ([2 * t for t in eval_t], acc)
+    assert phases(ax["accuracy_vs_version.png"]) == by_version
+    assert line(ax["loss_vs_step.png"], "train loss (ps updates)") == ([VERSIONS[i] for i in HAS_LOSS],
+                                                                       [LOSS[i] for i in HAS_LOSS])
+    assert line(ax["loss_vs_step.png"], "test loss (eval)") == ([2 * t for t in eval_t], [round(1 - a, 3) for a in acc])
+    assert line(ax["loss_vs_time.png"], "training loss") == ([T[i] for i in HAS_LOSS], [LOSS[i] for i in HAS_LOSS])
+    assert ax["loss_vs_time.png"].get_yscale() == "log" and phases(ax["loss_vs_time.png"]) == by_time
+    assert line(ax["lr_vs_step.png"], "learning rate") == (VERSIONS, [0.1] * 20)
+    assert phases(ax["lr_vs_step.png"]) == by_version
+    assert line(ax["step_vs_time.png"], "model version") == (T, VERSIONS)
+    assert phases(ax["step_vs_time.png"]) == by_time
+
+    # per worker, step 0 left out as warm-up: 19 steps each, worker 0 at 30 samples and 0.05 s, worker 1 at 34, 0.06 s
+    assert bars(ax["samples_hist.png"]) == {"worker 0": [(29.5, 30.5, 19)], "worker 1": [(33.5, 34.5, 19)]}
+    compute = bars(ax["compute_time_hist.png"])
+    assert [(w, n) for w, ((_, _, n),) in compute.items()] == [("worker 0", 19), ("worker 1", 19)]
+    for (lo, hi, _), seconds in zip((b for (b,) in compute.values()), (0.05, 0.06)):
+        assert lo <= seconds <= hi
+    waits = ax["wait_time_hist.png"]  # 0.00, 0.01, ..., 0.04, four times each
+    assert [n for _, _, n in bars(waits)["_nolegend_"]] == [4] * 5 and "(n=20)" in waits.get_title()
+    assert line(waits, "mean 0.02")[0] == pytest.approx([0.02, 0.02]) and line(waits, "median 0.02")[0] == [0.02] * 2
+    assert bars(ax["staleness_hist.png"]) == {"_nolegend_": [(0.5, 1.5, 20)]}
+
+
 def test_plot_run_writes_all_pngs(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "r", "switching", FAST, protocols=("bsp", "asp", "ssp"))
     written = plot_run(run_dir)
     assert [p.name for p in written] == list(PLOT_FILES)
     assert sorted(p.name for p in (run_dir / "plots").iterdir()) == sorted(PLOT_FILES)
+    sizes = {name: (round(w * DPI), round(h * DPI))
+             for name, fig in run_figures(Run.load(run_dir)).items() if fig is not None
+             for w, h in [fig.get_size_inches()]}
     for path in written:
         assert path.parent == run_dir / "plots"
-        assert_png(path)
+        assert png_size(path) == sizes[path.name], "each file is its own figure"
 
     custom = plot_run(run_dir, tmp_path / "elsewhere")
     assert {p.parent for p in custom} == {tmp_path / "elsewhere"} and len(custom) == len(PLOT_FILES)
@@ -166,8 +242,8 @@ def test_plot_run_skips_empty_data(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "no_eval", "no_eval", [])
     written = plot_run(run_dir)
     assert [p.name for p in written] == [f for f in PLOT_FILES if not f.startswith("accuracy_")]
-    for path in written:
-        assert_png(path)
+    loss = run_figures(Run.load(run_dir))["loss_vs_step.png"]
+    assert loss is not None and [ln.get_label() for ln in loss.axes[0].lines] == ["train loss (ps updates)"]
 
 
 def test_compare_runs_and_table(tmp_path: Path) -> None:
@@ -181,9 +257,22 @@ def test_compare_runs_and_table(tmp_path: Path) -> None:
     ]
     out = tmp_path / "cmp" / "compare.png"
     results = compare_runs(dirs, 0.9, out)
-    assert_png(out)
+    assert png_size(out) == (13 * DPI, 9 * DPI)
     assert [r.time_to_target_s for r in results] == [5.0, 8.0, None]
     assert [r.protocol for r in results] == ["bsp→asp", "ssp", "amb"]
+
+    _, fig = comparison(dirs, 0.9)
+    by_time, by_version, loss, rate = fig.axes
+    curves = [ln for ln in by_time.lines if ln.get_marker() == "o"]
+    assert [xy(ln) for ln in curves] == [([t for t, _ in p], [a for _, a in p]) for p in (FAST, SLOW, NEVER)]
+    assert [ln.get_label() for ln in curves] == ["mnist (a) [bsp→asp]", "slow [ssp]", "mnist (c) [amb]"]
+    stars = [xy(ln) for ln in by_time.lines if ln.get_marker() == "*"]
+    assert stars == [([5.0], [0.9]), ([8.0], [0.9])], "a star where each run first reached the target"
+    assert [xy(ln)[0] for ln in by_version.lines[:3]] == [[2 * t for t, _ in p] for p in (FAST, SLOW, NEVER)]
+    assert all(xy(ln)[1] == [LOSS[i] for i in HAS_LOSS] for ln in loss.lines)
+    for ln in rate.lines:  # 64 samples an update, an update every 0.5 s (the last, at 10 s, in the last bin)
+        x, y = xy(ln)
+        assert x == [2.0, 4.0, 6.0, 8.0, 10.0] and sum(y) * 2.0 == 64 * 20 and y[1:4] == [128.0] * 3
 
     rows = compare_rows(*dirs, "--target", "0.9", "--out", str(tmp_path / "cli.png"))
     assert rows["run"] == ["protocol", "final acc", "best acc", "wall time (s)", "updates", "time to 0.9 (s)",
@@ -192,7 +281,7 @@ def test_compare_runs_and_table(tmp_path: Path) -> None:
     assert rows["slow"] == ["ssp", "0.8900", "0.9100", "10.5", "20", "8.0", "tensorflow",
                             "emulated, 800 samples/s", "1", "1"]
     assert rows["mnist (c)"] == ["amb", "0.7500", "0.7500", "10.5", "20", "—", "—", "—", "—", "—"]
-    assert_png(tmp_path / "cli.png")
+    assert png_size(tmp_path / "cli.png") == (13 * DPI, 9 * DPI)
 
 
 def compare_rows(*args: str | Path) -> dict[str, list[str]]:

@@ -176,3 +176,45 @@ def test_a_sharded_ps_places_every_shard_as_a_role_and_collects_each_shards_reco
     shard = json.loads((run_dir / "shard-1.json").read_text())  # written on its node, collected by the driver
     assert shard["final_version"] == 60 and shard["parts_applied"] == summary["pushes_accepted"]
     assert list((run_dir / "checkpoints" / "shard-1").glob("v*.ckpt")), "its saved parts collected too"
+
+
+def small_config(tmp_path: Path, **ray_spec: Any) -> Path:
+    """Two workers, the PS and the evaluator at the default placement but for ``ray_spec``."""
+    tmp_path.mkdir(exist_ok=True)
+    return write_config(tmp_path, steps=30, cluster={"workers": 2, "ray": {
+        "staging_dir": str(tmp_path / "nodes"), "sync_every_s": 0.5, **ray_spec}})
+
+
+def test_roles_a_small_cluster_cannot_hold_are_named_with_the_num_cpus_that_would_fit(tmp_path, processes):
+    small = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})  # one node, 2 CPUs, joined
+    try:
+        run = processes([SWITCHPS, "run", str(small_config(tmp_path, worker={"num_cpus": 1}, placement_timeout_s=1)),
+                         "--quiet", "--backend", "ray", "--address", small.address],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        _, err = run.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        small.shutdown()
+    said = " ".join(err.split())  # as printed, wrapped
+    assert run.returncode == 1, err[-3000:]
+    assert ("the roles ask {'CPU': 4.0} in all; the nodes have {'CPU': 2.0}; they would fit with "
+            "num_cpus: 0.5 for every role (cluster.ray.ps, .evaluator and .worker)") in said, said
+    assert "waiting up to 1 s" in said, "said before the wait: a cluster joined may gain nodes"
+    assert "Ray could not place the roles (pack: ps {'CPU': 1.0}, evaluator {'CPU': 1.0}, worker-0..1" in said
+    assert not [d for d in tmp_path.iterdir() if (d / "config.yaml").exists()], "no run started"
+
+
+def test_a_local_ray_on_two_cpus_shares_them_among_the_default_roles_and_refuses_at_once_what_cannot_fit(
+        tmp_path, processes):
+    two_cpus = {**os.environ, "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 2})}  # the local Ray a run starts
+    explicit = processes([SWITCHPS, "run", str(small_config(tmp_path / "explicit", worker={"num_cpus": 1})),
+                          "--quiet", "--backend", "ray"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=tmp_path / "explicit", env=two_cpus)
+    said = " ".join(explicit.communicate(timeout=RUN_TIMEOUT_S)[1].split())
+    assert explicit.returncode == 1 and "the local Ray this command started" in said, said
+    assert "they would fit with every cluster.ray.*.num_cpus left unset" in said and "waiting" not in said
+    launcher = processes([SWITCHPS, "run", str(small_config(tmp_path)), "--quiet", "--backend", "ray"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=two_cpus)
+    run_dir, summary = finished(launcher, tmp_path)  # 4 roles at 1 CPU each would not fit: 0.5 each
+    assert summary["final_version"] == summary["updates"] == 30
+    placed = {e["role"] for e in ray_events(run_dir) if e["event"] == "ray_placed"}
+    assert placed == {"ps", "evaluator", "worker-0", "worker-1"}

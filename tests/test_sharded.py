@@ -65,13 +65,15 @@ def config(shards: int, workers: int, protocol: dict) -> Any:
 
 
 def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None = None,
-          max_bytes: int = MAX_BYTES, layout: pb.Layout = LAYOUT, tls: TLSSpec | None = None) -> Sharded:
-    """With ``tls``: mutual TLS on every shard and a token on every call (followers as role ``shard``)."""
+          max_bytes: int = MAX_BYTES, layout: pb.Layout = LAYOUT, tls: TLSSpec | None = None,
+          tokens: bool = False, follower_timeout_s: float = 5.0) -> Sharded:
+    """With ``tokens``: a token on every call (followers as role ``shard``); with ``tls``, mutual TLS too."""
     cfg = config(shards, workers, protocol or {})
     cfg.runtime.shard_max_mb = MAX_BYTES / 2**20
     ps = build_ps(cfg, tmp_path, prepare_run_dir(cfg, tmp_path, False))
-    security = ServerSecurity(SECRET, tls) if tls else ServerSecurity()
-    client = (lambda role, i: ClientSecurity(auth.token(SECRET, role, i), tls)) if tls else \
+    tokens = tokens or tls is not None
+    security = ServerSecurity(SECRET, tls) if tokens else ServerSecurity()
+    client = (lambda role, i: ClientSecurity(auth.token(SECRET, role, i), tls)) if tokens else \
         (lambda role, i: ClientSecurity())
     host = "localhost" if tls else "127.0.0.1"
     servers = [Server(ps, "127.0.0.1:0", security)]
@@ -79,8 +81,8 @@ def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None =
     followers = []
     for k in range(1, shards):
         store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=workers)
-        followers.append(Follower(k, shards, addresses[0], client("shard", k), store, MAX_BYTES, 5.0,
-                                  tmp_path / "checkpoints" / f"shard-{k}"))
+        followers.append(Follower(k, shards, addresses[0], client("shard", k), store, MAX_BYTES, follower_timeout_s,
+                                  tmp_path / "checkpoints" / f"shard-{k}", workers=workers))
         servers.append(Server(followers[-1], "127.0.0.1:0", security))
         addresses.append(f"{host}:{servers[-1].port}")
     deadline = time.monotonic() + 10

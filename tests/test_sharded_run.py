@@ -135,7 +135,8 @@ def test_a_resume_with_a_shards_part_missing_refuses_with_one_line(tmp_path):
     latest.unlink()
     resumed = subprocess.run([SWITCHPS, "run", "--resume", str(run_dir), "--quiet"], capture_output=True, text=True,
                              timeout=240, cwd=tmp_path)
-    assert resumed.returncode != 0 and "ps exited with code 2" in resumed.stderr, resumed.stderr[-3000:]
+    assert resumed.returncode == 1, resumed.stderr[-3000:]  # the launcher's error: a role failed
+    assert "ps exited with code 2" in resumed.stderr, resumed.stderr[-3000:]
     line = f"PS shard 2 cannot resume: {latest} is missing (shard 0 resumed from version 20)"
     assert (run_dir / "logs" / "ps.log").read_text().splitlines()[-1] == f"switchps: {line}", "the launcher quotes it"
     assert line in (run_dir / "logs" / "ps-2.log").read_text(), "shard 2 says it too"

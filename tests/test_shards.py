@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_a_part_that_never_arrives_refuses_the_push_naming_the_shard():
 
 def test_the_core_actions_reach_the_followers_in_order_named_by_the_push():
     leader = Leader(followers=1, wait_s=30)
-    queue: asyncio.Queue[pb.ShardAction] = asyncio.Queue()
+    queue: asyncio.Queue[Any] = asyncio.Queue()  # shard 0's actions (or the refusal that ends the stream)
     leader.queues[1] = queue
     leader.keys[7] = KEY
     push = Push(7, 3, 5, 2, 0.0, 0.0, step=5, session=11)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.colors
 import numpy as np
 import pytest
 from rich.console import Console
@@ -17,9 +19,10 @@ from switchps.config import ConfigError
 from switchps.straggler_trace import load_trace
 from switchps.studies import runner
 from switchps.studies.metrics import run_metrics
-from switchps.studies.report import compare, study_table
+from switchps.studies.report import PROTOCOL_COLORS, compare, plot_study, study_table
 from switchps.studies.runner import PACKAGED, finished_runs, packaged, run_study
 from switchps.studies.spec import StudySpec, load_study
+from switchps.studies.sweep import plot_sweep
 from switchps.studies.stats import estimate, paired_difference, paired_ratio, ratio_estimate
 
 from test_launch import SWITCHPS
@@ -94,6 +97,24 @@ def test_the_packaged_studies_load_and_their_arms_are_valid_run_configs():
     assert replay.stragglers.trace == "/tmp/bsp/stragglers.csv" and replay.stragglers.transient is None
 
 
+def test_a_packaged_study_simulates_with_the_readmes_fitted_push_cost_and_a_users_set_wins():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    fit = re.search(r"sim_vs_real\.py compare .* --overhead ([0-9.]+) --jitter ([0-9.]+)", readme)
+    assert fit is not None, "the README's fitted values"
+    fitted = (float(fit[1]), float(fit[2]))
+    for name in ("amb-vs-fmb", "dynamic-batching", "switch-config", "sync-switch"):
+        spec = load_study(packaged(name), simulate=True)
+        assert "bench/sim_vs_real.py fit" in spec.simulation.source, "it says where the values come from"
+        for arm in spec.arms:
+            net = spec.run_config(arm, 0, Path("/tmp/x"), None).network
+            assert (net.push_overhead_s, net.push_jitter_s) == fitted, f"{name}: {arm}"
+        real = load_study(packaged(name)).run_config(next(iter(spec.arms)), 0, Path("/tmp/x"), None).network
+        assert real.push_overhead_s == real.push_jitter_s == 0, "a real run pays its own"
+    user = load_study(packaged("sync-switch"), ["network.push_overhead_s=0"], simulate=True)
+    net = user.run_config("hybrid", 0, Path("/tmp/x"), None).network
+    assert (net.push_overhead_s, net.push_jitter_s) == (0, fitted[1]), "the user's --set wins, the rest stays"
+
+
 @pytest.mark.parametrize("edit, problem", [
     ({"arms": {"a": {"protocol.batchsize": 3}}}, "arms.a: protocol.batchsize: unknown key (did you mean batch?)"),
     ({"metrics": ["speed"]}, "unknown metric(s) ['speed']"),
@@ -140,6 +161,31 @@ def test_recovery_is_counted_from_after_the_dip_not_from_a_high_evaluation_befor
     assert m["dip_points"] == pytest.approx(40.0) and m["recovery_s"] == pytest.approx(7.0 - 2.5)
     flat = run_metrics(fake_run(tmp_path / "f", [0.9, 0.9, 0.95], switch_at=1.5), target=0.99, smooth=1, last=1)
     assert flat["dip_points"] == 0.0 and flat["recovery_s"] == 0.0
+
+
+def test_the_study_figure_is_each_arm_s_mean_accuracy_with_its_band_over_its_protocol_timeline(tmp_path):
+    spec = StudySpec(study="s", base={"train": {"steps": 5}}, arms={"a": {}, "b": {}}, repeats=2,
+                     target={"absolute": 0.7}, metrics=["final_accuracy"], smooth_evals=1)
+    accuracies = {("a", 0): [0.5, 0.7, 0.9], ("a", 1): [0.3, 0.5, 0.7, 0.8], ("b", 0): [0.6, 0.6, 0.6],
+                  ("b", 1): [0.6, 0.8, 1.0]}
+    runs = {(arm, r): fake_run(tmp_path / f"{arm}{r}", acc) for (arm, r), acc in accuracies.items()}
+    (runs["b", 0] / "ps.csv").write_text("time_s,version,protocol\n" + "".join(  # b's first seed switches at 1.5 s
+        f"{v / 10},{v},{'bsp' if v <= 15 else 'asp'}\n" for v in range(1, 31)))
+    curves, lane_a, lane_b = plot_study(spec, runs, 0.7, tmp_path / "study.png").axes
+    (a, b), target = [ln for ln in curves.lines if ln.get_label() in spec.arms], curves.lines[-1]
+    assert [ln.get_label() for ln in (a, b)] == ["a", "b"] and list(target.get_ydata()) == [0.7, 0.7]
+    for line, at_0, at_2, at_3 in ((a, 0.4, 0.6, 0.8), (b, 0.6, 0.7, 0.8)):  # seed means; each run flat before 1 s
+        x, y = line.get_xdata(), line.get_ydata()
+        assert x[0] == 0.0 and x[-1] == 3.0, "until the shortest run of the arm ends"
+        assert np.interp([0.0, 2.0, 3.0], x, y) == pytest.approx([at_0, at_2, at_3])
+    for band, line, seeds in zip(curves.collections, (a, b), ([0.9, 0.7], [0.6, 1.0])):  # at 3 s
+        top = max(yv for xv, yv in band.get_paths()[0].vertices if xv == 3.0)
+        assert top == pytest.approx(line.get_ydata()[-1] + estimate(seeds).ci95)
+    rgb = {p: matplotlib.colors.to_rgb(c) for p, c in PROTOCOL_COLORS.items()}
+    spans = {lane: [(p.get_x(), p.get_x() + p.get_width(), p.get_facecolor()[:3]) for p in lane.patches]
+             for lane in (lane_a, lane_b)}
+    assert spans[lane_a] == [(0.0, 3.0, rgb["bsp"])]
+    assert spans[lane_b] == [(0.0, 1.5, rgb["bsp"]), (1.5, 3.0, rgb["asp"])], "the first seed's protocols"
 
 
 def test_an_interrupted_study_runs_only_what_is_missing(tmp_path, monkeypatch):
@@ -229,6 +275,14 @@ def test_a_simulated_sweep_runs_every_arm_at_every_value_and_reports_against_it(
             assert f"workers: {workers}\n" in cfg
             assert (f"backup_workers: {backups}\n" in cfg) == (run["arm"] == "backup"), "the arm's own sweep key"
     assert (tmp_path / "out" / "sweep.png").stat().st_size > 10_000
+    fig = plot_sweep(load_study(study), sweep["key"], sweep["points"], tmp_path / "again.png")
+    for ax, metric in zip(fig.axes, ("time_to_target_s", "final_accuracy"), strict=True):
+        assert ax.get_xlabel() == "cluster.workers" and ax.get_xscale() == "log", "3 to 40 workers: log2"
+        for arm, bars in zip(("bsp", "backup"), ax.containers, strict=True):
+            means = [(w, p["arms"][arm][metric]["mean"]) for w, p in zip((3, 40), sweep["points"])]
+            data = bars.lines[0]
+            assert bars.get_label().startswith(arm)
+            assert list(zip(data.get_xdata(), data.get_ydata())) == [(w, m) for w, m in means if m is not None]
 
 
 def test_simulate_runs_a_study_in_simulation_with_more_workers_than_a_real_run_takes(tmp_path):

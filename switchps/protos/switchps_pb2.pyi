@@ -259,14 +259,16 @@ class PartPull(_message.Message):
     def __init__(self, worker: _Optional[int] = ..., min_version: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("key", "reason", "message")
+    __slots__ = ("key", "reason", "message", "squares")
     KEY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SQUARES_FIELD_NUMBER: _ClassVar[int]
     key: PartKey
     reason: str
     message: str
-    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    squares: float
+    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., squares: _Optional[float] = ...) -> None: ...
 
 class ShardSaved(_message.Message):
     __slots__ = ("version", "digest", "error")

@@ -46,6 +46,9 @@ class Push:
     step: int = 0
     session: int = 0
     """With ``worker`` and ``step``, the push's name: a retry carries the same name."""
+    squares: float = 0.0
+    """Its gradient's squared L2 norm, checked against ``runtime.max_grad_norm`` (on a sharded PS's shard 0,
+    part 0's, to which shard 0 adds the other parts'); not saved in a checkpoint: a saved push was checked."""
 
 
 @dataclass(frozen=True)

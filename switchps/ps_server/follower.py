@@ -9,9 +9,14 @@ aggregate at the version shard 0 names, change the optimizer, answer a released 
 the version now applied, or drop a push another shard refused.
 
 A part whose push shard 0 never names (the worker died between its calls, or sent only here) is dropped
-after twice ``runtime.receive_timeout_s`` and counted, and such parts cannot pile up meanwhile: a part
-holds one of its worker's slots (``model.Slots``, at most two a worker) from its header until shard 0
-names its push or it expires, and a part refused or expired gives its pages back to the OS soon after.
+after twice ``runtime.receive_timeout_s``; the call waiting for it is refused (ABORTED) and counted,
+once, as ``push_part:orphan`` (``init_part:orphan``). Such parts cannot pile up meanwhile: a part holds
+one of its worker's slots (``model.Slots``, at most two a worker) from its header until shard 0 names
+its push or it expires, and a part refused or expired gives its pages back to the OS soon after.
+
+A follower refuses a call as shard 0 does (``rejections.refuse``: a status, counted under the RPC's name,
+the guard's too), and checks the worker a call names as shard 0 does: the caller's token must be that
+worker's, and the worker one of the run's ``cluster.workers`` (-1: the evaluator, pulling).
 
 Concurrency: the handlers, the Follow stream and the actions run on the server's event loop (as in
 ``service``); the store's applier thread is reached only through the store. Other threads learn the end
@@ -32,15 +37,15 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from switchps.auth import authorize_worker
 from switchps.channels import ClientSecurity
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import PayloadWriter, aencode, decode, fill, first_frame, grpc_options
 from switchps.protos.layout import layout_size
 from switchps.protos.partition import of_layout, part_layout
-from switchps.ps_server.guard import Guard
+from switchps.ps_server.guard import Guard, as_worker
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.optimizers import adjust_optimizer
+from switchps.ps_server.rejections import refuse, rpc_name
 from switchps.ps_server.service import SERVICE
 from switchps.ps_server.shard_checkpoint import PartSaver, capture, restore_part
 from switchps.ps_server.shards import INIT_STEP, Key, key_of, part_key
@@ -52,12 +57,14 @@ DROPS_KEPT = 4096
 
 
 class Follower:
-    """Follower shard ``shard`` of ``shards``, following shard 0 at ``leader``."""
+    """Follower shard ``shard`` of ``shards``, following shard 0 at ``leader``, for ``workers`` workers."""
 
     def __init__(self, shard: int, shards: int, leader: str, security: ClientSecurity, store: ModelStore,
-                 max_bytes: int, receive_timeout_s: float, checkpoints: Path, keep: int = 2) -> None:
+                 max_bytes: int, receive_timeout_s: float, checkpoints: Path, keep: int = 2, *,
+                 workers: int) -> None:
         """``checkpoints``: where this shard saves and finds its part (``shard_checkpoint.part_dir``)."""
         self.shard, self.shards, self.leader, self.security = shard, shards, leader, security
+        self.workers = workers
         self.store, self.max_bytes, self.receive_timeout_s = store, max_bytes, receive_timeout_s
         self.checkpoints, self.saver = checkpoints, PartSaver(checkpoints, keep)
         self.refused: str | None = None
@@ -210,12 +217,21 @@ class Follower:
     # ---- parts from workers ----------------------------------------------------------------------
 
     async def push_part(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for frame in self._part(ctx, "PushPart"):
+            yield frame
+
+    async def init_part(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for frame in self._part(ctx, "InitPart"):
+            yield frame
+
+    async def _part(self, ctx: grpc.aio.ServicerContext, rpc: str) -> AsyncIterator[bytes]:
         """Part k of a push (or, step -1, of the initial values): checked, kept, reported; answered once
         shard 0 releases it, with the part at the version then applied."""
         try:
-            key, part = await self._receive(ctx)
+            key, part = await self._receive(ctx, rpc)
         except Rejected as r:
-            self._refuse(ctx, "push_part", r)
+            refuse(ctx, self.count_rejection, rpc_name(rpc), r)
+            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
             return
         loop = asyncio.get_running_loop()
         held = loop.create_future()
@@ -223,8 +239,8 @@ class Follower:
         loop.call_later(2 * self.receive_timeout_s, self._expire, key, part)
         try:
             snapshot = await held
-        except Rejected as r:
-            self._refuse(ctx, "push_part", r)
+        except Rejected as r:  # dropped: refused by another shard, or an orphan
+            refuse(ctx, self.count_rejection, rpc_name(rpc), r)
             return
         async for frame in self._reply(snapshot):
             yield frame
@@ -235,9 +251,9 @@ class Follower:
                                    snapshot.achunks(), snapshot.nbytes):
             yield frame
 
-    async def _receive(self, ctx: grpc.aio.ServicerContext) -> tuple[Key, np.ndarray]:
+    async def _receive(self, ctx: grpc.aio.ServicerContext, rpc: str) -> tuple[Key, np.ndarray]:
         h, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.PartHeader)
-        self._as_worker(ctx, h.key.worker, "PushPart")
+        self._as_worker(ctx, h.key.worker, rpc)
         key = key_of(h.key)
         try:
             await self._until_set_up()
@@ -250,7 +266,8 @@ class Follower:
                 self.store.check(h.layout_digest, h.nbytes)
             with self.store.slots.holding(key[0]):
                 async with self.store.buffers.receiving(size if init else None) as part:
-                    if not await fill(PayloadWriter(part, check_finite=True), first, ctx, self.receive_timeout_s):
+                    payload = PayloadWriter(part, check_finite=True)
+                    if not await fill(payload, first, ctx, self.receive_timeout_s):
                         raise invalid("non_finite", "the part has NaN or inf values")
         except Rejected as r:
             self._tell(key, r)
@@ -260,7 +277,7 @@ class Follower:
             raise Rejected("ABORTED", "dropped", f"refused by another PS shard: {self._dropped[key]}")
         self._keep(key, part)
         self.traffic["in"] += part.nbytes
-        self._tell(key, None)
+        self._tell(key, None, payload.squares)
         return key, part
 
     def _keep(self, key: Key, part: np.ndarray) -> None:
@@ -277,9 +294,11 @@ class Follower:
         self.store.slots.release(key[0])
         return part
 
-    def _tell(self, key: Key, refusal: Rejected | None) -> None:
+    def _tell(self, key: Key, refusal: Rejected | None, squares: float = 0.0) -> None:
+        """Shard 0's verdict on a part: refused, or accepted with its squared norm (``squares``), which
+        shard 0 bounds with the other parts'."""
         assert self._out is not None
-        verdict = pb.Verdict(key=part_key(key))
+        verdict = pb.Verdict(key=part_key(key), squares=squares)
         if refusal is not None:
             verdict.reason, verdict.message = refusal.reason, str(refusal)
         self._out.put_nowait(pb.FollowerMessage(verdict=verdict))
@@ -292,12 +311,11 @@ class Follower:
             raise precondition("not_initialized", "shard 0 has not named the model yet") from None
 
     def _expire(self, key: Key, part: np.ndarray) -> None:
-        """Drop a part shard 0 never named (see the module docstring)."""
+        """Drop a part shard 0 never named (see the module docstring); the calls waiting for it count it."""
         if self._parts.get(key) is part:
             self._take(key)
             self.store.buffers.discard(part)
-            self.count_rejection("push_part", Rejected("ABORTED", "orphan", "shard 0 never named this push"))
-            self._answer(key, Rejected("ABORTED", "orphan", "shard 0 never received this push"))
+            self._answer(key, Rejected("ABORTED", "orphan", "shard 0 never named this push"))
 
     async def pull_part(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Part k once the version shard 0 named is applied here (or a newer one)."""
@@ -306,7 +324,7 @@ class Follower:
             self._as_worker(ctx, req.worker, "PullPart")
             await self._until_version(req.min_version)
         except Rejected as r:
-            self._refuse(ctx, "pull_part", r)
+            refuse(ctx, self.count_rejection, "pull_part", r)
             return
         async for frame in self._reply(self.store.snapshot()):
             yield frame
@@ -322,14 +340,11 @@ class Follower:
     # ---- refusals --------------------------------------------------------------------------------
 
     def _as_worker(self, ctx: grpc.aio.ServicerContext, worker: int, rpc: str) -> None:
-        if self.guard is not None:
-            authorize_worker(self.guard.admitted(ctx.invocation_metadata()), worker, rpc)
-
-    def _refuse(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> None:
-        self.count_rejection(rpc, r)
-        self.store.buffers.discard()  # a refused part's frames, buffered by gRPC, leave no resident pages
-        ctx.set_code(getattr(grpc.StatusCode, r.code))
-        ctx.set_details(str(r))
+        """``Rejected`` unless the caller may act as ``worker`` (``guard.as_worker``) and the worker is one
+        of the run's (-1: the evaluator, which only pulls), as shard 0 refuses an unknown worker's calls."""
+        as_worker(self.guard, ctx, worker, rpc)
+        if not (0 <= worker < self.workers or (worker == -1 and rpc == "PullPart")):
+            raise invalid("unknown_worker", f"unknown worker id {worker}")
 
     def count_rejection(self, rpc: str, r: Rejected) -> None:
         n = self.rejections[f"{rpc}:{r.reason}"] = self.rejections[f"{rpc}:{r.reason}"] + 1
@@ -350,5 +365,5 @@ class Follower:
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
         return {"PushPart": grpc.stream_stream_rpc_method_handler(self.push_part, **raw),
-                "InitPart": grpc.stream_stream_rpc_method_handler(self.push_part, **raw),
+                "InitPart": grpc.stream_stream_rpc_method_handler(self.init_part, **raw),
                 "PullPart": grpc.unary_stream_rpc_method_handler(self.pull_part, **raw)}

@@ -42,7 +42,7 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers)
     follower = Follower(shard, len(cfg.cluster.shards), leader, client_security(cfg, "shard", shard), store,
                         cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s, part_dir(run_dir, shard),
-                        cfg.checkpoint.keep)
+                        cfg.checkpoint.keep, workers=cfg.cluster.num_workers)
     sampler = ResourceSampler(f"ps-{shard}", run_dir / "resources.csv")
     server = bind_server(follower, cfg, run_dir, shard, reuse=True)  # workers know the port it had
     tensorboard = EventFile(run_dir / "tensorboard" / f"shard-{shard}")

@@ -2,8 +2,9 @@
 
 ``Guard`` is a grpc.aio server interceptor, so a refused call never reaches its handler: it gets
 UNAUTHENTICATED (no token, a wrong one) or PERMISSION_DENIED (a role calling outside its rights), is
-counted through ``on_reject``, and nothing of its request is read. RPCs that name a worker are checked
-once more in the handler, where the worker id is known (``ParameterServer``'s ``as_worker``).
+counted through ``on_reject`` under the name its handler counts under (``rejections.rpc_name``), and
+nothing of its request is read. RPCs that name a worker are checked once more in the handler, where the
+worker id is known (``as_worker``), on shard 0 and on a follower shard alike.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import grpc
 
-from switchps.auth import METADATA_KEY, Caller, admitted, authorize, verify
+from switchps.auth import METADATA_KEY, Caller, admitted, authorize, authorize_worker, verify
+from switchps.ps_server.rejections import rpc_name
 from switchps.refusals import Rejected
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
@@ -43,7 +45,7 @@ class Guard(grpc.aio.ServerInterceptor):
         try:
             authorize(self.caller(details.invocation_metadata), rpc)
         except Rejected as r:
-            self._on_reject("push" if rpc == "PushSmall" else rpc.lower(), r)
+            self._on_reject(rpc_name(rpc), r)
             return _refusal(handler, r)
         return handler
 
@@ -56,6 +58,13 @@ class Guard(grpc.aio.ServerInterceptor):
         """The caller of a call this guard let through: its token was verified on the way in, so a
         handler learns who called without a second HMAC on the push path."""
         return admitted(_header(md))
+
+
+def as_worker(guard: Guard | None, ctx: grpc.aio.ServicerContext, worker: int, rpc: str) -> None:
+    """With a guard, ``Rejected`` (PERMISSION_DENIED) unless the caller's token is worker ``worker``'s
+    (-1: the caller must not be a worker)."""
+    if guard is not None:
+        authorize_worker(guard.admitted(ctx.invocation_metadata()), worker, rpc)
 
 
 def _header(md: Sequence[tuple[str, Any]] | None) -> str | None:

@@ -44,7 +44,8 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
                       clock=clock)
     followers = len(cfg.cluster.shards) - 1
     ps = (ShardZero if followers else ParameterServer)(core, store, rec, link, cfg.runtime.receive_timeout_s,
-                                                       int(cfg.runtime.max_model_mb * 2**20), clock=clock)
+                                                       int(cfg.runtime.max_model_mb * 2**20), clock=clock,
+                                                       max_grad_norm=cfg.runtime.max_grad_norm)
     if isinstance(ps, ShardZero):
         ps.sharded(Leader(followers, cfg.runtime.receive_timeout_s), cfg.runtime.shard_max_bytes)
     parts = Parts(core, store.sums, rec, store, ps, ps.leader if isinstance(ps, ShardZero) else None)

@@ -1,12 +1,18 @@
 """Refused calls, counted: each one in the run record; the first ``EVENTS_PER_REASON`` of a kind also as
 an event, and the PS log gets at most one line per kind every ``LOG_EVERY_S`` (an anonymous caller must
-not fill the disk)."""
+not fill the disk).
+
+Shard 0 (or an unsharded PS) and a follower shard refuse a call the same way (``refuse``), each counting
+in its own record, under one name per RPC (``rpc_name``) that the guard and the handlers share.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 
+import grpc
 from prometheus_client import Counter
 
 from switchps.ps_server.records import RunRecorder
@@ -40,3 +46,20 @@ class RejectionCounter:
         if last is None or now - last >= LOG_EVERY_S:
             self._logged[kind] = now
             log.warning("%s rejected (%s): %s [%d of this kind so far]", rpc, r.reason, r, n)
+
+
+def rpc_name(method: str) -> str:
+    """The name a refused call of gRPC ``method`` is counted under, by the guard and its handler alike:
+    ``InitPart`` is ``init_part``; ``PushSmall`` is ``push``, as ``Push`` (one push, two transports)."""
+    return "push" if method == "PushSmall" else re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower()
+
+
+def refuse(ctx: grpc.aio.ServicerContext, count: Callable[[str, Rejected], None], rpc: str, r: Rejected) -> None:
+    """Count ``r`` under ``rpc`` and end the call with its status: the handler returns after it (a streamed
+    reply yields nothing), so no exception ends the call. Not ``ctx.abort``: it keeps its exception in the
+    call's state, and its traceback the frames read: a reference cycle only the cyclic collector frees,
+    seldom in the PS (refused pushes held tens of MB a round; ``README``, memory under hostile input;
+    grpc/grpc#17899 is the same in the sync server)."""
+    count(rpc, r)
+    ctx.set_code(getattr(grpc.StatusCode, r.code))
+    ctx.set_details(str(r))

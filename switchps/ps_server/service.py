@@ -36,7 +36,6 @@ import grpc
 import numpy as np
 from prometheus_client import Gauge
 
-from switchps.auth import authorize_worker
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (PayloadWriter, aencode, decode, encode, fill, first_frame, joined, parse,
                                    whole_frame)
@@ -45,19 +44,20 @@ from switchps.protos.segment import Segment
 from switchps.ps_server.attachments import Attachments, write_values
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.guard import Guard
+from switchps.ps_server.guard import Guard, as_worker
 from switchps.ps_server.events import (Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer,
                                        StepReport, WorkOrder)
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.rejections import PUSHES, RejectionCounter
+from switchps.ps_server.rejections import PUSHES, RejectionCounter, refuse
 from switchps.ps_server.optimizers import adjust_optimizer
-from switchps.ps_server.validate import check_eval, check_layout
+from switchps.ps_server.validate import check_eval, check_grad_norm, check_layout
 from switchps.refusals import Rejected, invalid, precondition
 
 SERVICE = "switchps.ParameterServer"
 VERSION = Gauge("switchps_model_version", "Current model version")
+PUSH_STREAMS = Gauge("switchps_push_streams", "Push streams open on the PS: being read or awaiting their reply")
 
 
 class ParameterServer:
@@ -65,9 +65,10 @@ class ParameterServer:
 
     def __init__(self, core: Core, store: ModelStore, rec: RunRecorder, link: DuplexLink | None = None,
                  receive_timeout_s: float = 30.0, max_model_bytes: int = 2**33,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_grad_norm: float | None = None) -> None:
         self.core, self.store, self.rec, self.link, self.clock = core, store, rec, link, clock
         self.receive_timeout_s, self.max_model_bytes = receive_timeout_s, max_model_bytes
+        self.max_grad_norm = max_grad_norm  # ``runtime.max_grad_norm``: a push's bound per sample (``validate``)
         self.told_stop: set[int] = set()
         self.last_eval: pb.EvalReport | None = None
         self.final_eval: pb.EvalReport | None = None
@@ -167,7 +168,7 @@ class ParameterServer:
     async def register(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.RegisterReply:
         try:
             req = parse(body, pb.RegisterRequest)
-            self._as_worker(ctx, req.worker, "Register")
+            as_worker(self.guard, ctx, req.worker, "Register")
             check_layout(req.layout, self.max_model_bytes)
             self.core.check_register(req.worker, req.partition_size)
             first = self._adopt(req)
@@ -218,7 +219,7 @@ class ParameterServer:
         """Take a worker's shared-memory segment for its pushes, if it is on this host (``protos/segment``)."""
         try:
             req = parse(body, pb.AttachRequest)
-            self._as_worker(ctx, req.worker, "Attach")
+            as_worker(self.guard, ctx, req.worker, "Attach")
             return self.segments.attach(req, req.worker in self.core.members.registered)
         except Rejected as r:
             await self._reject(ctx, "attach", r)
@@ -230,7 +231,8 @@ class ParameterServer:
         try:
             worker, layout, values = await self._receive_init(ctx)
         except Rejected as r:
-            self._refuse(ctx, "init", r)
+            refuse(ctx, self.count_rejection, "init", r)
+            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
             return
         self.store.initialize(layout, values)
         self.rec.event("model_initialized", worker=worker, parameters=int(values.size))
@@ -239,7 +241,7 @@ class ParameterServer:
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
         header, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.InitHeader)
-        self._as_worker(ctx, header.worker, "Init")
+        as_worker(self.guard, ctx, header.worker, "Init")
         layout = self.layout
         if layout is None:
             raise precondition("not_registered", "register before Init")
@@ -260,7 +262,7 @@ class ParameterServer:
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
             req, _ = decode(request, pb.PullRequest)
-            self._as_worker(ctx, req.worker, "Pull")
+            as_worker(self.guard, ctx, req.worker, "Pull")
             if req.worker != -1 and req.worker not in self.core.members.registered:
                 raise invalid("unknown_worker", f"unknown worker id {req.worker}")
         except Rejected as r:
@@ -275,8 +277,9 @@ class ParameterServer:
 
     async def push(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """A push as a stream of frames (models larger than one frame), read with ``ctx.read``."""
-        async for frame in self._push(ctx):
-            yield frame
+        with PUSH_STREAMS.track_inprogress():
+            async for frame in self._push(ctx):
+                yield frame
 
     async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         """A push in one message, answered with one (a payload of at most ``codec.whole_limit``)."""
@@ -287,7 +290,8 @@ class ParameterServer:
         try:
             p, report, grad, segment = await self._receive_push(ctx, whole)
         except Rejected as r:
-            self._refuse(ctx, "push", r)
+            refuse(ctx, self.count_rejection, "push", r)
+            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
             return
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
             self.count_rejection("push", Rejected("CANCELLED", "cancelled", "cancelled by the client"))
@@ -317,7 +321,7 @@ class ParameterServer:
         h, first = decode(whole if whole is not None else await first_frame(ctx, self.receive_timeout_s),
                           pb.PushHeader)
         named(h)
-        self._as_worker(ctx, h.worker, "Push")
+        as_worker(self.guard, ctx, h.worker, "Push")
         self.store.check(h.layout_digest, h.nbytes)
         report = _report(h.stats)
         self.core.check_push(h.worker, h.samples, h.base_version, report, self.clock(), h.session)
@@ -326,16 +330,18 @@ class ParameterServer:
             segment, first = self.segments.payload(h.worker, first)
         with self.store.slots.holding(h.worker):  # one worker's stalled pushes hold no other worker's slots
             async with self.store.buffers.receiving() as grad:
-                if not await fill(PayloadWriter(grad, check_finite=True), first, ctx, timeout_s):
+                payload = PayloadWriter(grad, check_finite=True)
+                if not await fill(payload, first, ctx, timeout_s):
                     raise invalid("non_finite", "gradient has NaN or inf values")
-                await self._accepted(h)
+                check_grad_norm(payload.squares, h.samples, self.max_grad_norm)
+                await self._accepted(h, payload.squares)
         return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
-                    step=report.step, session=h.session), report, grad, segment
+                    step=report.step, session=h.session, squares=payload.squares), report, grad, segment
 
-    async def _accepted(self, h: pb.PushHeader | pb.InitHeader) -> None:
-        """Return once the payload ``h`` heads, received whole and valid, may go to the core: at once here;
-        a sharded PS's shard 0 waits for its parts' verdicts. Its worker's slot and its buffer are held
-        meanwhile, and a refusal raised here discards the buffer."""
+    async def _accepted(self, h: pb.PushHeader | pb.InitHeader, squares: float = 0.0) -> None:
+        """Return once the payload ``h`` heads, received whole and valid (its squared norm ``squares``), may
+        go to the core: at once here; a sharded PS's shard 0 waits for its parts' verdicts. Its worker's
+        slot and its buffer are held meanwhile, and a refusal raised here discards the buffer."""
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None, worker: int,
                     segment: Segment | None = None, whole: bool = False) -> AsyncIterator[bytes]:
@@ -366,25 +372,11 @@ class ParameterServer:
     # ---- frames and rejections ----------------------------------------------------------------
 
     async def _reject(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> NoReturn:
+        """Count ``r`` and end the call by raising (``ctx.abort``), from a handler that read no payload
+        frames; after payload frames, ``rejections.refuse``."""
         self.count_rejection(rpc, r)
         await ctx.abort(getattr(grpc.StatusCode, r.code), str(r))
         raise AssertionError("abort returned")  # pragma: no cover - grpc's abort always raises
-
-    def _refuse(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> None:
-        """``_reject`` for a call that has read payload frames: the handler returns after it, so no exception
-        ends the call. ``ctx.abort`` keeps its exception in the call's state, and its traceback the frames
-        read: a reference cycle only the cyclic collector frees, seldom in the PS (refused pushes held tens
-        of MB a round; ``README``, memory under hostile input; grpc/grpc#17899 is the same in the sync server)."""
-        self.count_rejection(rpc, r)
-        self.store.buffers.discard()  # a refused call's frames, buffered by gRPC, leave no resident pages
-        ctx.set_code(getattr(grpc.StatusCode, r.code))
-        ctx.set_details(str(r))
-
-    def _as_worker(self, ctx: grpc.aio.ServicerContext, worker: int, rpc: str) -> None:
-        """With a guard, ``Rejected`` (PERMISSION_DENIED) unless the caller's token is worker ``worker``'s
-        (-1: the caller must not be a worker)."""
-        if self.guard is not None:
-            authorize_worker(self.guard.admitted(ctx.invocation_metadata()), worker, rpc)
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         raw: dict = dict(request_deserializer=None, response_serializer=None)

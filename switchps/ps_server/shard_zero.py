@@ -23,8 +23,10 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.protos.partition import Partition, of_layout, part_layout
 from switchps.protos.segment import Segment
 from switchps.ps_server.events import Action, Push, StepReport
+from switchps.ps_server.rejections import refuse
 from switchps.ps_server.service import ParameterServer
 from switchps.ps_server.shards import INIT_STEP, Key, Leader, part_key
+from switchps.ps_server.validate import check_grad_norm
 from switchps.refusals import Rejected, precondition
 
 
@@ -91,10 +93,13 @@ class ShardZero(ParameterServer):
         self.leader.broadcast(pb.ShardAction(initialize=part_key(_key(pb.InitHeader(worker=worker)))))
         return worker, layout, values
 
-    async def _accepted(self, h: pb.PushHeader | pb.InitHeader) -> None:
+    async def _accepted(self, h: pb.PushHeader | pb.InitHeader, squares: float = 0.0) -> None:
         """Every follower's verdict on its part (awaited holding the worker's slot, so a worker that sends
-        shard 0 pushes without parts holds at most ``model.EACH`` of them here)."""
-        await self.leader.verdict(_key(h))
+        shard 0 pushes without parts holds at most ``model.EACH`` of them here); then the norm bound on the
+        whole push (part 0 alone passed it): every part's squares, added up."""
+        others = await self.leader.verdict(_key(h))
+        if isinstance(h, pb.PushHeader):
+            check_grad_norm(squares + others, h.samples, self.max_grad_norm)
 
     async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
                             named: Callable[[pb.PushHeader], None] = lambda h: None,
@@ -116,15 +121,18 @@ class ShardZero(ParameterServer):
         self.leader.forward(actions)
         super()._execute(actions)
 
-    async def _follow(self, request_iterator: AsyncIterator[pb.FollowerMessage],
-                      ctx: grpc.aio.ServicerContext) -> AsyncIterator[pb.ShardAction]:
+    async def _follow(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[pb.ShardAction]:
+        """A follower's stream (``Leader.follow``); a refused one gets its status, counted as ``follow:...``."""
         caller: Caller | None = self.guard.admitted(ctx.invocation_metadata()) if self.guard else None
-        async for action in self.leader.follow(request_iterator, ctx, caller):
-            yield action
+        try:
+            async for action in self.leader.follow(ctx, caller):
+                yield action
+        except Rejected as r:
+            refuse(ctx, self.count_rejection, "follow", r)
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
-        follow = grpc.stream_stream_rpc_method_handler(self._follow, pb.FollowerMessage.FromString,
-                                                       pb.ShardAction.SerializeToString)
+        # the follower's messages are parsed by ``Leader.follow`` (``codec.parse``), so garbage is refused, counted
+        follow = grpc.stream_stream_rpc_method_handler(self._follow, None, pb.ShardAction.SerializeToString)
         return {**super().methods(), "Follow": follow}
 
 

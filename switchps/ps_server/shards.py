@@ -33,6 +33,7 @@ import grpc
 
 from switchps.auth import Caller
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.codec import first_frame, parse
 from switchps.ps_server.events import Action, Apply, Free, Join, Release, SetOptimizer
 from switchps.refusals import Rejected, invalid, precondition
 
@@ -57,8 +58,9 @@ class Leader:
 
     followers: int
     wait_s: float
-    """How long a push waits for every follower's verdict before it is dropped."""
-    queues: dict[int, asyncio.Queue[pb.ShardAction]] = field(default_factory=dict)
+    """How long a push waits for every follower's verdict before it is dropped (and a Follow for its hello)."""
+    queues: dict[int, asyncio.Queue[pb.ShardAction | Rejected]] = field(default_factory=dict)
+    """Each attached follower's stream: the actions to send it, in order (or the refusal that ends it)."""
     verdicts: dict[Key, dict[int, pb.Verdict]] = field(default_factory=dict)
     waiting: dict[Key, asyncio.Future[None]] = field(default_factory=dict)
     keys: dict[int, Key] = field(default_factory=dict)
@@ -128,9 +130,10 @@ class Leader:
 
     # ---- verdicts --------------------------------------------------------------------------------
 
-    async def verdict(self, key: Key) -> None:
-        """Return once every follower has accepted its part of ``key``; ``Rejected`` naming the shard
-        and its reason if one refused it, or if a part did not arrive within ``wait_s``."""
+    async def verdict(self, key: Key) -> float:
+        """Once every follower has accepted its part of ``key``, the sum of their parts' squared norms;
+        ``Rejected`` naming the shard and its reason if one refused it, or if a part did not arrive within
+        ``wait_s``."""
         got = self.verdicts.setdefault(key, {})
         if not self._decided(got):
             fut = self.waiting[key] = asyncio.get_running_loop().create_future()
@@ -148,6 +151,7 @@ class Leader:
             if shard not in got:
                 raise Rejected("UNAVAILABLE", f"shard{shard}:no_part", f"PS shard {shard} got no part of this "
                                                                        f"push within {self.wait_s:g}s")
+        return sum(v.squares for v in got.values())
 
     def _decided(self, got: dict[int, pb.Verdict]) -> bool:
         return len(got) == self.followers or any(v.reason for v in got.values())
@@ -166,15 +170,17 @@ class Leader:
 
     # ---- the Follow stream -----------------------------------------------------------------------
 
-    async def follow(self, request_iterator: AsyncIterator[pb.FollowerMessage],
-                     ctx: grpc.aio.ServicerContext, caller: Caller | None) -> AsyncIterator[pb.ShardAction]:
-        """A follower's stream: its hello, then its verdicts; back, the action log from now on."""
-        hello = await anext(aiter(request_iterator), None)
-        shard = hello.hello if hello is not None and hello.WhichOneof("kind") == "hello" else 0
-        problem = self._refuse_follower(shard, caller)
-        if problem is not None:
-            await ctx.abort(getattr(grpc.StatusCode, problem.code), str(problem))
-        queue: asyncio.Queue[pb.ShardAction] = asyncio.Queue()
+    async def follow(self, ctx: grpc.aio.ServicerContext, caller: Caller | None) -> AsyncIterator[pb.ShardAction]:
+        """A follower's stream: its hello, then its verdicts; back, the action log from now on. Its messages
+        are read from ``ctx`` and parsed here (``codec.parse``): bytes that are no message are the caller's
+        error, not shard 0's. ``Rejected`` for a stream refused before any action is sent, and for a
+        malformed message on an attached one (which ends it: the follower has left)."""
+        hello = parse(await first_frame(ctx, self.wait_s), pb.FollowerMessage)
+        if hello.WhichOneof("kind") != "hello":
+            raise invalid("hello", "a follower's first message must be its hello (its shard index)")
+        shard = hello.hello
+        self._admit(shard, caller)
+        queue: asyncio.Queue[pb.ShardAction | Rejected] = asyncio.Queue()
         self.queues[shard] = queue
         if self.resume is not None:  # ready once restored
             version, digests = self.resume
@@ -184,11 +190,13 @@ class Leader:
         if self.setup is not None:
             queue.put_nowait(pb.ShardAction(setup=self.setup))
         log.info("PS shard %d attached (%d of %d)", shard, len(self.queues), self.followers)
-        reader = asyncio.get_running_loop().create_task(self._read(shard, request_iterator))
+        reader = asyncio.get_running_loop().create_task(self._read(shard, ctx, queue))
         stopped = False
         try:
             while not stopped:
                 action = await queue.get()
+                if isinstance(action, Rejected):
+                    raise action
                 yield action
                 stopped = action.stop
         finally:
@@ -198,18 +206,22 @@ class Leader:
             if self.queues.get(shard) is queue:
                 del self.queues[shard]
 
-    def _refuse_follower(self, shard: int, caller: Caller | None) -> Rejected | None:
+    def _admit(self, shard: int, caller: Caller | None) -> None:
+        """``Rejected`` unless ``caller`` may follow as ``shard``, a follower not yet attached."""
         if not 1 <= shard <= self.followers:
-            return invalid("shard", f"not a follower shard index: {shard} (this run has shards 1..{self.followers})")
+            raise invalid("shard", f"not a follower shard index: {shard} (this run has shards 1..{self.followers})")
         if caller is not None and caller.index != shard:
-            return Rejected("PERMISSION_DENIED", "identity", f"{caller} may not follow as shard {shard}")
+            raise Rejected("PERMISSION_DENIED", "identity", f"{caller} may not follow as shard {shard}")
         if shard in self.queues:
-            return precondition("shard", f"PS shard {shard} is attached already")
-        return None
+            raise precondition("attached", f"PS shard {shard} is attached already")
 
-    async def _read(self, shard: int, request_iterator: AsyncIterator[pb.FollowerMessage]) -> None:
+    async def _read(self, shard: int, ctx: grpc.aio.ServicerContext,
+                    queue: asyncio.Queue[pb.ShardAction | Rejected]) -> None:
+        """The follower's messages after its hello, until its stream ends; a malformed one goes to ``queue``,
+        whose reader (``follow``) ends the stream with it."""
         try:
-            async for msg in request_iterator:
+            while isinstance(body := await ctx.read(), bytes):  # grpc.aio.EOF once the follower half-closed
+                msg = parse(body, pb.FollowerMessage)
                 kind = msg.WhichOneof("kind")
                 if kind == "verdict":
                     self._heard(shard, msg.verdict)
@@ -217,6 +229,8 @@ class Leader:
                     self.saves.add(shard, msg.saved)
                 elif kind == "restored":
                     self._restored(shard, msg.restored)
+        except Rejected as r:
+            queue.put_nowait(r)
         except (grpc.RpcError, asyncio.CancelledError):
             pass
         finally:

@@ -3,8 +3,8 @@
 Anyone who reaches the PS port may send anything a client written from
 ``protos/switchps.proto`` can. These checks raise ``Rejected`` with the gRPC
 status name and the reason the run record counts it under. A push is checked
-where its facts live: its frames by the service, its layout and size by the
-model store, its worker, budget, version and statistics by the core. Messages
+where its facts live: its frames by the service (with its gradient's norm, ``check_grad_norm``), its
+layout and size by the model store, its worker, budget, version and statistics by the core. Messages
 name what is wrong without echoing the PS's own state (never its layout digest).
 """
 
@@ -38,3 +38,15 @@ def check_eval(req: pb.EvalReport, version: int, done: bool) -> None:
         raise invalid("accuracy", "test accuracy must be a number in [0, 1]")
     if req.final and not (done and req.version == version):
         raise precondition("not_final", "a final evaluation must score the last version, once done")
+
+
+def check_grad_norm(squares: float, samples: int, bound: float | None) -> None:
+    """A push's gradient within ``runtime.max_grad_norm`` per sample (``bound``; None: unbounded).
+
+    A push carries the sum of ``samples`` (>= 1, checked by the core) per-sample gradients, whose squared
+    L2 norm is ``squares`` (summed as its values are checked for NaN/inf: ``codec.PayloadWriter``), so
+    the mean gradient's norm is ``sqrt(squares) / samples``. This bounds what one buggy worker's push
+    can do to the model: a finite but absurd gradient is refused whole, as a NaN is.
+    """
+    if bound is not None and (norm := math.sqrt(squares) / samples) > bound:
+        raise invalid("grad_norm", f"the gradient's norm per sample, {norm:.4g}, exceeds runtime.max_grad_norm")

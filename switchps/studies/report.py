@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.table import Table
@@ -15,6 +15,9 @@ from switchps.runrecord import console, read_csv
 from switchps.studies.metrics import Accuracy, final_accuracy, run_metrics
 from switchps.studies.spec import METRICS, RATIO_METRICS, StudySpec
 from switchps.studies.stats import Estimate, RatioEstimate, estimate, paired_difference, paired_ratio
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PROTOCOL_COLORS = {"bsp": "tab:blue", "asp": "tab:orange", "ssp": "tab:green", "amb": "tab:red",
                    "fmb": "tab:purple", "kasync": "tab:brown", "timed": "tab:pink"}
@@ -110,8 +113,9 @@ def _format(metric: str) -> str:
     return ".4f" if metric in ("final_accuracy", "worker_utilization") else ".2f" if "points" in metric else ".1f"
 
 
-def plot_study(spec: StudySpec, runs: dict[tuple[str, int], Path], target: float, path: Path) -> None:
-    """Accuracy vs time per arm (mean over seeds with its 95 % band) over a protocol timeline per arm."""
+def plot_study(spec: StudySpec, runs: dict[tuple[str, int], Path], target: float, path: Path) -> "Figure":
+    """Accuracy vs time per arm (mean over seeds with its 95 % band) over a protocol timeline per arm;
+    returns the figure saved."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 7), layout="constrained")
@@ -141,6 +145,7 @@ def plot_study(spec: StudySpec, runs: dict[tuple[str, int], Path], target: float
     lanes[-1].set_xlabel("time (s); protocol in force (first seed): " +
                          ", ".join(f"{p}={c.split(':')[1]}" for p, c in PROTOCOL_COLORS.items()))
     fig.savefig(path, dpi=110)
+    return fig
 
 
 LOSS_UPDATES = 500

@@ -12,6 +12,9 @@ target: {absolute: 0.9}      # or {reference_minus_points: 0.5}: the reference's
 final_evals: 5               # "final accuracy" is the mean of the last n evaluations
 metrics: [time_to_target_s, final_accuracy, samples_per_s]
 mode: run                    # or simulate: every run on a virtual clock (`switchps simulate`)
+simulation:                  # in simulation only: keys of --set on the base, before the user's --set
+  set: {network.push_overhead_s: 0.006765, network.push_jitter_s: 0.007017}
+  source: fitted by `python bench/sim_vs_real.py fit ...`   # where the values come from (in study.json)
 sweep: {cluster.workers: [8, 64], train.seconds: [60, 30]}  # optional: the whole study once per column
                              # of values (OUT/cluster.workers=8/, ...), the first key naming it
 ```
@@ -62,6 +65,18 @@ class Target(Section):
         return self
 
 
+class Simulation(Section):
+    """What a study's runs take only in simulation: what the simulator cannot know of the real system,
+    such as a real push's cost beyond the link model, fitted from real runs (``bench/sim_vs_real.py fit``).
+    A real run pays its own, so a real study ignores this."""
+
+    set: dict[str, Any] = Field(default_factory=dict)
+    """Config keys (as in --set) and their values, applied to the base before the user's --set (which so
+    wins), and before the arms' overrides."""
+    source: str = ""
+    """Where the values come from, e.g. the command that fitted them."""
+
+
 class StudySpec(Section):
     study: str
     description: str = ""
@@ -78,6 +93,7 @@ class StudySpec(Section):
     """Time to target uses the trailing mean of this many evaluations (one digits evaluation moves by a point)."""
     mode: Literal["run", "simulate"] = "run"
     """run: real processes (`switchps run`); simulate: on a virtual clock (`switchps simulate`)."""
+    simulation: Simulation = Field(default_factory=Simulation)
     sweep: dict[str, list[Any]] | None = None
     """Config keys (as in --set) and their values, lists of one length: the whole study runs once per
     position, with every key set to its value there; the first key names the point and is the x axis.
@@ -151,18 +167,20 @@ def arm_field(key: str) -> tuple[str, str]:
 
 def load_study(path: Path, overrides: Sequence[str] = (), simulate: bool = False) -> StudySpec:
     """A study file, checked whole: the spec, then every arm's run config at every sweep value (one line
-    per problem). ``simulate``: in simulation whatever the file's ``mode``."""
+    per problem). ``simulate``: in simulation whatever the file's ``mode``; a simulated study's base
+    takes ``simulation.set``, then ``overrides`` (--set)."""
     raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a study file is a mapping (study, base, arms, ...)")
-    for o in overrides:
-        apply_override(raw.setdefault("base", {}), o)
     if simulate:
         raw["mode"] = "simulate"
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(*describe(err, raw, StudySpec)) from None
+    settings = [f"{k}={json.dumps(v)}" for k, v in spec.simulation.set.items()] if spec.mode == "simulate" else []
+    for o in [*settings, *overrides]:
+        apply_override(spec.base, o)
     problems: list[str] = []
     for point, study in spec.points():
         for arm in study.arms:

@@ -5,7 +5,7 @@ a panel per metric, a line per arm, the mean with its 95 % CI at every value).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -13,6 +13,9 @@ from switchps.jsonfile import write_json
 from switchps.runrecord import console
 from switchps.studies.spec import METRICS, StudySpec
 from switchps.studies.stats import Estimate
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOTTED = ("time_to_target_s", "final_accuracy")
 """The metrics the figure shows (those the study reports), in this order."""
@@ -46,9 +49,9 @@ def sweep_table(spec: StudySpec, key: str, points: list[dict[str, Any]], metric:
     return t
 
 
-def plot_sweep(spec: StudySpec, key: str, points: list[dict[str, Any]], path: Path) -> None:
+def plot_sweep(spec: StudySpec, key: str, points: list[dict[str, Any]], path: Path) -> "Figure":
     """A panel per plotted metric: each arm's mean and 95 % CI against the swept value (a value where no
-    run of an arm reached the target has no point; the legend counts such runs)."""
+    run of an arm reached the target has no point; the legend counts such runs); returns the figure saved."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,3 +81,4 @@ def plot_sweep(spec: StudySpec, key: str, points: list[dict[str, Any]], path: Pa
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return fig
