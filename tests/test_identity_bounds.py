@@ -28,8 +28,8 @@ ORPHANS = 40
 PART_MB = 4.0
 ABOVE_IDLE_MB = 64
 """Follower RSS allowed above its idle size while one worker's orphan parts are held and after they
-expired: the 2 kept parts and the pool's 3 free buffers are 20 MiB. Measured +11 to +14 MB with 160
-parts (the bench's default); before the bound, +800 MB with 160 parts, and it stayed after they expired."""
+expired: the 2 kept parts and the pool's 3 free buffers are 20 MiB. Measured +3 to +12 MB with 40 and
+with 160 parts; before the bound, +800 MB with 160 parts, and it stayed after they expired."""
 
 
 def test_each_worker_holds_at_most_its_own_slots():
