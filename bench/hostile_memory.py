@@ -1,7 +1,7 @@
 """Resident memory of a PS under rounds of refused oversize pushes.
 
-The PS runs in a spawned process of its own (so the client's memory does not mix in) with a model of
-``--model-mb``; a raw grpc client written from the frame format sends, each round:
+The PS runs in a spawned process of its own (so the client's memory does not mix in: ``Child``) with a
+model of ``--model-mb``; a raw grpc client written from the frame format sends, each round:
 - ``oversize_frame``: a valid header, then one frame of ``--frame-mb`` (over gRPC's receive limit);
 - ``huge_header_length``: frame 0 declaring a 4 GiB header;
 - ``huge_nbytes``: a header declaring a 1 TiB payload;
@@ -46,29 +46,40 @@ COUNTED_WAIT_S = 30.0  # the most a state request waits for the refusals it name
 PEAK_EVERY_S = 0.02
 
 
-def serve(conn: Connection, chunk_mb: float) -> None:
+def serve(conn: Connection, chunk_mb: float, workers: int = 1, receive_timeout_s: float = 30.0) -> None:
     """The PS (spawned child): serves on loopback and answers ``state`` requests until ``stop``. A request
     names the pushes refused so far: the answer waits until the PS has counted that many refusals."""
     from switchps.config import parse_config
     from switchps.ps_server.main import build_ps
     from switchps.ps_server.server import Server
 
-    cfg = parse_config({"cluster": {"workers": 1}, "protocol": {"name": "asp"}, "runtime": {"chunk_mb": chunk_mb},
+    cfg = parse_config({"cluster": {"workers": workers}, "protocol": {"name": "asp"},
+                        "runtime": {"chunk_mb": chunk_mb, "receive_timeout_s": receive_timeout_s},
                         "optimizer": {"name": "sgd", "learning_rate": 0.1}, "train": {"steps": 10**9}})
     ps = build_ps(cfg, Path(tempfile.mkdtemp(prefix="switchps-hostile-")))
     server = Server(ps, "127.0.0.1:0")
+
+    def state() -> dict:
+        ps.store.wait_idle(10)
+        return {"version": ps.store.version, "checksum": float(np.sum(ps.store.values, dtype=np.float64)),
+                "rejections": dict(ps.rec.rejections)}
+
+    answer(conn, server.port, lambda: sum(ps.rec.rejections.values()), state)
+    server.stop(grace=None)
+
+
+def answer(conn: Connection, port: int, counted: Callable[[], int], state: Callable[[], dict]) -> None:
+    """A spawned server's side of ``Child``: send ``port``, then answer each request (a count) once
+    ``counted()`` has reached it and ``SETTLE_S`` has passed, with the process's RSS, its peak since the
+    last answer, and ``state()``; until ``stop``."""
     peak = Peak()
-    conn.send(server.port)
-    while (refused := conn.recv()) != "stop":
+    conn.send(port)
+    while (count := conn.recv()) != "stop":
         deadline = time.monotonic() + COUNTED_WAIT_S
-        while sum(ps.rec.rejections.values()) < refused and time.monotonic() < deadline:
+        while counted() < count and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(SETTLE_S)
-        ps.store.wait_idle(10)
-        conn.send({"rss_mb": rss_mb(), "peak_mb": peak.take(), "version": ps.store.version,
-                   "checksum": float(np.sum(ps.store.values, dtype=np.float64)),
-                   "rejections": dict(ps.rec.rejections)})
-    server.stop(grace=None)
+        conn.send({**state(), "rss_mb": rss_mb(), "peak_mb": peak.take()})
 
 
 def rss_mb() -> float:
@@ -95,44 +106,58 @@ class Peak:
         return peak
 
 
-class HostilePS:
-    """A PS in a spawned process, a registered and initialized model, and a raw client to attack it."""
+class Child:
+    """A server spawned in a process of its own (so the client's memory does not mix in), running
+    ``target(conn, *args)``, which ``answer``s over the pipe."""
 
-    def __init__(self, model_mb: float, chunk_mb: float = DEFAULT_CHUNK_BYTES / MB) -> None:
-        from switchps.worker.client import PSClient
-
+    def __init__(self, target: Callable[..., None], *args: object) -> None:
         self._conn, child = mp.get_context("spawn").Pipe()
-        self.proc = mp.get_context("spawn").Process(target=serve, args=(child, chunk_mb), daemon=True)
+        self.proc = mp.get_context("spawn").Process(target=target, args=(child, *args), daemon=True)
         self.proc.start()
         self.address = f"127.0.0.1:{self._receive()}"
-        self.size = int(model_mb * MB) // 4
-        self.chunk = int(chunk_mb * MB) // 4 * 4
-        self.layout = make_layout([("w", (self.size,))])
-        client = PSClient(self.address, self.chunk, timeout_s=60)
-        if client.register(0, self.layout, partition_size=100).send_init:
-            client.init(0, self.layout, np.zeros(self.size, np.float32))
-        client.close()
-        self.channel = grpc.insecure_channel(self.address, options=[("grpc.max_send_message_length", 2**31 - 1)])
-        self.call = self.channel.stream_stream(PUSH, request_serializer=None, response_deserializer=None)
 
     def _receive(self, timeout_s: float = 60.0) -> object:
         if not self._conn.poll(timeout_s):
             self.proc.kill()
-            raise RuntimeError(f"the PS process did not answer within {timeout_s:g}s")
+            raise RuntimeError(f"the server process did not answer within {timeout_s:g}s")
         return self._conn.recv()
 
-    def state(self, refused: int = 0) -> dict:
-        """The PS's state once it has counted ``refused`` refusals (or ``COUNTED_WAIT_S`` has passed)."""
-        self._conn.send(refused)
+    def state(self, count: int = 0) -> dict:
+        """The server's state once it has counted ``count`` (or ``COUNTED_WAIT_S`` has passed)."""
+        self._conn.send(count)
         return self._receive()  # type: ignore[return-value]
 
     def close(self) -> None:
-        self.channel.close()
         if self.proc.is_alive():  # a PS an attack killed hears nothing
             self._conn.send("stop")
         self.proc.join(10)
         if self.proc.is_alive():
             self.proc.kill()
+
+
+class HostilePS(Child):
+    """A PS in a spawned process, a registered and initialized model, and a raw client to attack it."""
+
+    def __init__(self, model_mb: float, chunk_mb: float = DEFAULT_CHUNK_BYTES / MB, workers: int = 1,
+                 receive_timeout_s: float = 30.0) -> None:
+        from switchps.worker.client import PSClient
+
+        super().__init__(serve, chunk_mb, workers, receive_timeout_s)
+        self.size = int(model_mb * MB) // 4
+        self.chunk = int(chunk_mb * MB) // 4 * 4
+        self.layout = make_layout([("w", (self.size,))])
+        self.clients = [PSClient(self.address, self.chunk, timeout_s=60) for _ in range(workers)]
+        for i, client in enumerate(self.clients):
+            if client.register(i, self.layout, partition_size=100).send_init:
+                client.init(i, self.layout, np.zeros(self.size, np.float32))
+        self.channel = grpc.insecure_channel(self.address, options=[("grpc.max_send_message_length", 2**31 - 1)])
+        self.call = self.channel.stream_stream(PUSH, request_serializer=None, response_deserializer=None)
+
+    def close(self) -> None:
+        self.channel.close()
+        for client in self.clients:
+            client.close()
+        super().close()
 
     def frame0(self, **kw: object) -> bytes:
         fields: dict = dict(worker=0, base_version=0, samples=4, layout_digest=self.layout.digest,

@@ -255,7 +255,3 @@ def test_no_file_is_entered_twice(measured: dict[str, Trace]) -> None:
     found = [f"{op}: {edge}" for op in OPERATIONS for edge in sorted(measured[op].reentries)]
     assert not found, "calls back into a file already on the thread's stack (caller → callee):\n" + "\n".join(found)
 
-
-def test_a_push_passes_through_fewer_files_than_before_the_seams(measured: dict[str, Trace]) -> None:
-    """Before the core became a package a push passed through 11 files (the seams issue's trace)."""
-    assert len(measured["BSP push"].files) < 11 and len(measured["ASP push"].files) < 11

@@ -1,6 +1,6 @@
-"""Refused oversize pushes cost bounded memory: frames are refused from their declared length, at most a
-fixed number of payloads are received at once, and what a refused push held goes back to the OS. A
-worker's shared-memory segment cannot be cut short under a PS process."""
+"""Refused oversize pushes cost bounded memory: frames are refused from their declared length, at most two
+payloads of a worker are received at once (``receiving.Slots``), and what a refused push held goes back to the OS.
+A worker's shared-memory segment cannot be cut short under a PS process."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from switchps.protos.local_socket import LENGTH, frame, status
 from switchps.protos.segment import Segment, available, file_bytes
 from switchps.worker.local_line import LocalLine
 from switchps.refusals import Rejected
-from switchps.ps_server.model import BufferPool
+from switchps.ps_server.receiving import BufferPool
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 
@@ -34,9 +34,11 @@ ABOVE_IDLE_MB = 100
 """RSS allowed above the idle PS's after any round of the bench's attacks (16 at once on a 16 MB model, one
 worker), 32 MB of which are the receive pool's two model-sized buffers. Measured +27 to +52 MB over 6-30
 rounds; with one of the fixes reverted (``abort``, a thread arena each, no trim), 177-255 MB; with none
-of them, 315 MB."""
+of them, 315 MB. Since 14 of the 16 pushes at once are refused ``busy`` (two per worker), +30 to +79 MB,
+from streams gRPC is still draining a second after their refusal."""
 GROWTH_MB = 40
-"""RSS allowed to grow from round 2 to the last: measured -3 to +9 MB; with ``abort``, +109 MB."""
+"""RSS allowed to grow from round 2 to the last: measured -3 to +9 MB (+4 to +23 MB with the per-worker
+bound); with ``abort``, +109 MB."""
 
 
 def _bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -48,11 +50,12 @@ def _bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 @pytest.mark.integration
 def test_rounds_of_refused_oversize_pushes_leave_the_ps_memory_flat(monkeypatch):
     r = _bench(monkeypatch).run(rounds=ROUNDS, concurrent=16, model_mb=16.0, frame_mb=65.0, chunk_mb=2.0)
-    refused = {"oversize_frame": "RESOURCE_EXHAUSTED", "concurrent_oversize": "RESOURCE_EXHAUSTED",
-               "huge_header_length": "INVALID_ARGUMENT", "huge_nbytes": "INVALID_ARGUMENT",
-               "payload_too_long": "INVALID_ARGUMENT", "concurrent_too_long": "INVALID_ARGUMENT"}
-    for attack, code in refused.items():
-        assert set(r["codes"][attack]) == {code}, (attack, r["codes"])
+    refused = {"oversize_frame": {"RESOURCE_EXHAUSTED"}, "concurrent_oversize": {"RESOURCE_EXHAUSTED"},
+               "huge_header_length": {"INVALID_ARGUMENT"}, "huge_nbytes": {"INVALID_ARGUMENT"},
+               "payload_too_long": {"INVALID_ARGUMENT"},
+               "concurrent_too_long": {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}}  # beyond its worker's 2: busy
+    for attack, codes in refused.items():
+        assert set(r["codes"][attack]) <= codes, (attack, r["codes"])
     assert sum(r["rejections"].values()) == r["pushes_per_round"] * ROUNDS, r["rejections"]
     assert r["model_unchanged"]
     idle, *after = r["rss_mb"]
@@ -104,7 +107,7 @@ def test_a_segment_cut_short_under_a_ps_process_is_refused_counted_and_the_ps_se
         assert decode_header(line.push(shared), pb.PushReply)[0].applied
         line.close()
         segment.close_fd()
-        state = ps.state(refused=4)
+        state = ps.state(4)
         assert state["rejections"] == {"attach:segment": 2, "push:not_attached": 2} and state["version"] == 1
         assert ps.proc.is_alive()
     finally:
@@ -145,26 +148,16 @@ def test_a_frame_over_one_chunk_and_a_header_is_refused_before_it_is_read(cluste
     assert c.workers[0].push(np.ones(SIZE, np.float32), 4).reply.applied, "a good push still works"
 
 
-def test_the_pool_receives_at_most_its_limit_at_once_and_keeps_at_most_that_many():
+def test_the_pool_keeps_at_most_its_limit_of_free_buffers_and_a_refused_payload_goes_back():
     async def scenario() -> None:
         pool = BufferPool(4, limit=2)
-        held: list[np.ndarray] = []
-        release = asyncio.Event()
-
-        async def receive() -> None:
-            async with pool.receiving(5.0) as buf:
-                held.append(buf)
-                await release.wait()
-
-        tasks = [asyncio.create_task(receive()) for _ in range(2)]
-        await asyncio.sleep(0.01)
-        with pytest.raises(Rejected) as busy:
-            async with pool.receiving(0.05):
-                pass  # pragma: no cover - no slot frees
-        assert (busy.value.code, busy.value.reason) == ("RESOURCE_EXHAUSTED", "busy")
-        release.set()
-        await asyncio.gather(*tasks)
-        for buf in [*held, np.empty(4, np.float32), np.empty(4, np.float32)]:
+        received: list[np.ndarray] = []
+        with pytest.raises(Rejected):
+            async with pool.receiving() as buf:
+                received.append(buf)
+                raise Rejected("INVALID_ARGUMENT", "non_finite", "a refused payload")
+        assert pool.get() is received[0], "a refused payload's buffer is reused"
+        for buf in [*received, np.empty(4, np.float32), np.empty(4, np.float32)]:
             pool.put(buf)
         assert len(pool._free) == 2
 

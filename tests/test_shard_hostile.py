@@ -135,17 +135,17 @@ def test_three_orphan_parts_are_refused_and_counted_three_times(make):
     s = make(2, tokens=True, protocol={"name": "asp"}, follower_timeout_s=0.5)
     n = s.clients[0].partition.sizes()[1]
 
-    def orphan(step: int) -> grpc.StatusCode:  # a push's part sent to follower 1 only: shard 0 never names it
-        client = part_client(s, "worker", 0)
+    def orphan(worker: int, step: int) -> grpc.StatusCode:  # a part sent to follower 1 only: shard 0 never names it
+        client = part_client(s, "worker", worker)
         try:
             with pytest.raises(grpc.RpcError) as e:
-                client.part("PushPart", part_header(s, 0, step), np.ones(n, np.float32), np.empty(n, np.float32))
+                client.part("PushPart", part_header(s, worker, step), np.ones(n, np.float32), np.empty(n, np.float32))
             return e.value.code()
         finally:
             client.close()
 
-    with ThreadPoolExecutor(3) as pool:
-        assert list(pool.map(orphan, [100, 101, 102])) == [StatusCode.ABORTED] * 3
+    with ThreadPoolExecutor(3) as pool:  # two of worker 0's (all it may hold at once) and one of worker 1's
+        assert list(pool.map(orphan, [0, 0, 1], [100, 101, 102])) == [StatusCode.ABORTED] * 3
     summary = s.followers[0].summary()
     assert summary["rejections"] == {"push_part:orphan": 3} and summary["parts_waiting"] == 0
     assert s.ps.rec.rejections == {} and s.followers[0].store.version == s.ps.core.version == 0

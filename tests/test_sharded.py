@@ -80,7 +80,7 @@ def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None =
     addresses = [f"{host}:{servers[0].port}"]
     followers = []
     for k in range(1, shards):
-        store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, receive_slots=workers + 1)
+        store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=workers)
         followers.append(Follower(k, shards, addresses[0], client("shard", k), store, MAX_BYTES, follower_timeout_s,
                                   tmp_path / "checkpoints" / f"shard-{k}", workers=workers))
         servers.append(Server(followers[-1], "127.0.0.1:0", security))

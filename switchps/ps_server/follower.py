@@ -9,8 +9,10 @@ aggregate at the version shard 0 names, change the optimizer, answer a released 
 the version now applied, or drop a push another shard refused.
 
 A part whose push shard 0 never names (the worker died between its calls, or sent only here) is dropped
-after twice ``runtime.receive_timeout_s``, so such parts cannot pile up; the call waiting for it is
-refused (ABORTED) and counted, once, as ``push_part:orphan`` (``init_part:orphan``).
+after twice ``runtime.receive_timeout_s``; the call waiting for it is refused (ABORTED) and counted,
+once, as ``push_part:orphan`` (``init_part:orphan``). Such parts cannot pile up meanwhile: a part holds
+one of its worker's slots (``receiving.Slots``, at most two a worker) from its header until shard 0 names
+its push or it expires, and a part refused or expired gives its pages back to the OS soon after.
 
 A follower refuses a call as shard 0 does (``rejections.refuse``: a status, counted under the RPC's name,
 the guard's too), and checks the worker a call names as shard 0 does: the caller's token must be that
@@ -123,16 +125,15 @@ class Follower:
             self._setup(a.setup)
         elif kind == "initialize":
             key = key_of(a.initialize)
-            self.store.initialize(self._part_layout(), self._parts.pop(key))
+            self.store.initialize(self._part_layout(), self._take(key))
             self._answer(key, self.store.snapshot())
             await self._note_applied()
         elif kind == "join":
-            self.store.join(a.join.aggregate, self._parts.pop(key_of(a.join.key)))
+            self.store.join(a.join.aggregate, self._take(key_of(a.join.key)))
         elif kind in ("free", "drop"):
             key = key_of(a.free if kind == "free" else a.drop.key)
-            part = self._parts.pop(key, None)
-            if part is not None:
-                self.store.recycle(part)
+            if key in self._parts:  # a dropped (refused) push's part gives its pages back to the OS
+                (self.store.recycle if kind == "free" else self.store.buffers.discard)(self._take(key))
             if kind == "drop":
                 self._drop(key, a.drop.reason)
         elif kind == "apply":
@@ -230,6 +231,7 @@ class Follower:
             key, part = await self._receive(ctx, rpc)
         except Rejected as r:
             refuse(ctx, self.count_rejection, rpc_name(rpc), r)
+            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
             return
         loop = asyncio.get_running_loop()
         held = loop.create_future()
@@ -262,23 +264,35 @@ class Follower:
                 raise invalid("size", f"the part declares {h.nbytes} bytes, this shard holds {size * 4}")
             if not init:  # a push's part: checked as shard 0 checks a push
                 self.store.check(h.layout_digest, h.nbytes)
-            async with self.store.buffers.receiving(self.receive_timeout_s, size if init else None) as part:
-                payload = PayloadWriter(part, check_finite=True)
-                if not await fill(payload, first, ctx, self.receive_timeout_s):
-                    raise invalid("non_finite", "the part has NaN or inf values")
+            with self.store.slots.holding(key[0]):
+                async with self.store.buffers.receiving(size if init else None) as part:
+                    payload = PayloadWriter(part, check_finite=True)
+                    if not await fill(payload, first, ctx, self.receive_timeout_s):
+                        raise invalid("non_finite", "the part has NaN or inf values")
         except Rejected as r:
             self._tell(key, r)
             raise
         if key in self._dropped:  # shard 0 refused the push before its part arrived here
-            self.store.recycle(part)
+            self.store.buffers.discard(part)
             raise Rejected("ABORTED", "dropped", f"refused by another PS shard: {self._dropped[key]}")
-        old = self._parts.pop(key, None)  # a resent push replaces the copy kept
-        if old is not None:
-            self.store.recycle(old)
-        self._parts[key] = part
+        self._keep(key, part)
         self.traffic["in"] += part.nbytes
         self._tell(key, None, payload.squares)
         return key, part
+
+    def _keep(self, key: Key, part: np.ndarray) -> None:
+        """Keep ``part`` until shard 0 names its push (``_take``), holding a slot of its worker's meanwhile:
+        the one it was received in, released with nothing run since, so it is still free."""
+        if key in self._parts:  # a resent push replaces the copy kept
+            self.store.recycle(self._take(key))
+        self.store.slots.take(key[0])
+        self._parts[key] = part
+
+    def _take(self, key: Key) -> np.ndarray:
+        """The part kept for ``key``, no longer kept: its worker's slot is free again."""
+        part = self._parts.pop(key)
+        self.store.slots.release(key[0])
+        return part
 
     def _tell(self, key: Key, refusal: Rejected | None, squares: float = 0.0) -> None:
         """Shard 0's verdict on a part: refused, or accepted with its squared norm (``squares``), which
@@ -299,8 +313,8 @@ class Follower:
     def _expire(self, key: Key, part: np.ndarray) -> None:
         """Drop a part shard 0 never named (see the module docstring); the calls waiting for it count it."""
         if self._parts.get(key) is part:
-            del self._parts[key]
-            self.store.recycle(part)
+            self._take(key)
+            self.store.buffers.discard(part)
             self._answer(key, Rejected("ABORTED", "orphan", "shard 0 never named this push"))
 
     async def pull_part(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:

@@ -39,8 +39,7 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     away before training is over."""
     one_arena()
     run_dir.mkdir(parents=True, exist_ok=True)
-    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes,
-                       receive_slots=cfg.cluster.num_workers + 1)
+    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers)
     follower = Follower(shard, len(cfg.cluster.shards), leader, client_security(cfg, "shard", shard), store,
                         cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s, part_dir(run_dir, shard),
                         cfg.checkpoint.keep, workers=cfg.cluster.num_workers)

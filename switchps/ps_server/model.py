@@ -25,76 +25,25 @@ the latest snapshot and a deferred snapshot's values; each ``Snapshot``'s ``_loc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
 import weakref
 from dataclasses import dataclass
 from functools import partial
-from typing import AsyncIterator, Callable, Iterator, TypeVar
+from typing import AsyncIterator, Callable, TypeVar
 
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, WHOLE_BYTES, TrimSoon
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, WHOLE_BYTES
 from switchps.protos.layout import trainable_size
-from switchps.refusals import Rejected, invalid, precondition
+from switchps.refusals import invalid, precondition
 from switchps.ps_server.optimizers import Optimizer, apply_update
+from switchps.ps_server.receiving import BufferPool, Slots
 
 log = logging.getLogger("switchps.ps")
-TRIM_DELAY_S = 0.5
 T = TypeVar("T")
-
-
-class BufferPool:
-    """Model-sized receive buffers, reused so pushes don't page-fault fresh memory each time, and bounded.
-
-    At most ``limit`` payloads are received at once, and at most ``limit`` free buffers are kept: with a
-    fresh buffer per concurrent push, rounds of refused pushes grew the PS's resident memory without bound.
-    """
-
-    def __init__(self, size: int, limit: int = 8) -> None:
-        self.size, self.limit = size, limit
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()  # ``put`` also runs on the applier thread
-        self._slots: asyncio.Semaphore | None = None  # made on the event loop, its only user
-        self._trim_soon = TrimSoon(TRIM_DELAY_S)  # a refused payload's pages go back to the OS soon after
-
-    def get(self) -> np.ndarray:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return np.empty(self.size, np.float32)
-
-    def put(self, buf: np.ndarray) -> None:
-        with self._lock:
-            if buf.size == self.size and len(self._free) < self.limit:
-                self._free.append(buf)
-
-    @contextlib.asynccontextmanager
-    async def receiving(self, wait_s: float, size: int | None = None) -> AsyncIterator[np.ndarray]:
-        """A buffer to receive one payload into (a fresh one of ``size`` elements if given), once a receive
-        slot is free: ``Rejected`` (RESOURCE_EXHAUSTED) if none frees within ``wait_s``. The buffer is the
-        caller's if the body succeeds, and goes back to the pool if it raises."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.limit)
-        try:
-            async with asyncio.timeout(wait_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise Rejected("RESOURCE_EXHAUSTED", "busy", f"{self.limit} payloads are already being received "
-                                                         f"(waited {wait_s:g}s)") from None
-        try:
-            buf = self.get() if size is None else np.empty(size, np.float32)
-            try:
-                yield buf
-            except BaseException:
-                self.put(buf)
-                self._trim_soon()
-                raise
-        finally:
-            self._slots.release()
 
 
 class Snapshot:
@@ -247,17 +196,19 @@ class ModelStore:
     """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 receive_slots: int = 8, inline_bytes: int = WHOLE_BYTES) -> None:
-        """``inline_bytes``: models up to this size run their items on the submitting thread (see the module
-        docstring); 0: always on the applier."""
+                 workers: int = 8, inline_bytes: int = WHOLE_BYTES) -> None:
+        """``workers``: the run's, each of which may hold ``EACH`` payloads at once (``slots``), with
+        workers + 1 free buffers kept for reuse; ``inline_bytes``: models up to this size run their items
+        on the submitting thread (see the module docstring); 0: always on the applier."""
         self._make_optimizer = make_optimizer
-        self.chunk_bytes, self.receive_slots, self.inline_bytes = chunk_bytes, receive_slots, inline_bytes
+        self.chunk_bytes, self.inline_bytes = chunk_bytes, inline_bytes
+        self.slots = Slots(workers)  # the event loop's; kept across ``initialize``, which replaces the pool
         self.lock = threading.Lock()
         self.layout = pb.Layout()
         self.values = np.empty(0, np.float32)
         self.trainable = 0
         self.optimizer = make_optimizer(0)
-        self.buffers = BufferPool(0, receive_slots)
+        self.buffers = BufferPool(0, workers + 1)
         self.initialized = False
         self.version = 0  # the newest version: its update may still be in the applier's queue
         self._latest = Snapshot.of(0, self.values, chunk_bytes)
@@ -279,7 +230,7 @@ class ModelStore:
             self.values = values
             self.trainable = trainable_size(layout)
             self.optimizer = self._make_optimizer(self.trainable)
-            self.buffers = BufferPool(values.size, self.receive_slots)
+            self.buffers = BufferPool(values.size, self.buffers.limit)
             self._latest = Snapshot.of(self.version, values, self.chunk_bytes)
             self.initialized = True
 

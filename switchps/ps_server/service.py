@@ -17,7 +17,8 @@ small model's updates skip: ``model.py``; the recorder's flusher; the checkpoint
 only through their own locks and queues, and learn of progress through threading events.
 
 Hostile input: a push is read to the end of its stream and validated before it reaches the core, and
-then applied whole or not at all. Every rejection gets an error status, a log line and a count.
+then applied whole or not at all. Every rejection gets an error status, a log line and a count. A worker
+holds at most two payloads at once (``receiving.Slots``), so its streams never hold another worker's pushes off.
 """
 
 from __future__ import annotations
@@ -239,6 +240,7 @@ class ParameterServer:
             worker, layout, values = await self._receive_init(ctx)
         except Rejected as r:
             refuse(ctx, self.count_rejection, "init", r)
+            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
             return
         self.store.initialize(layout, values)
         self.rec.event("model_initialized", worker=worker, parameters=int(values.size))
@@ -258,9 +260,11 @@ class ParameterServer:
         if header.nbytes != layout_size(layout) * 4:
             raise invalid("size", f"initial values declare {header.nbytes} bytes, the layout has "
                                   f"{layout_size(layout) * 4}")
-        async with self.store.buffers.receiving(self.receive_timeout_s, layout_size(layout)) as values:
-            if not await fill(PayloadWriter(values, check_finite=True), first, ctx, self.receive_timeout_s):
-                raise invalid("non_finite", "initial values are not finite")
+        with self.store.slots.holding(header.worker):
+            async with self.store.buffers.receiving(layout_size(layout)) as values:
+                if not await fill(PayloadWriter(values, check_finite=True), first, ctx, self.receive_timeout_s):
+                    raise invalid("non_finite", "initial values are not finite")
+                await self._accepted(header)
         return header.worker, layout, values
 
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -295,6 +299,7 @@ class ParameterServer:
             p, report, grad, segment = await self._receive_push(ctx, whole)
         except Rejected as r:
             refuse(ctx, self.count_rejection, "push", r)
+            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
             return
         except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
             self.count_rejection("push", Rejected("CANCELLED", "cancelled", "cancelled by the client"))
@@ -331,13 +336,20 @@ class ParameterServer:
         segment = None
         if h.shared:  # copied out of the segment by ``fill``, then checked: the worker cannot race it
             segment, first = self.segments.payload(h.worker, first)
-        async with self.store.buffers.receiving(self.receive_timeout_s) as grad:
-            payload = PayloadWriter(grad, check_finite=True)
-            if not await fill(payload, first, ctx, timeout_s):
-                raise invalid("non_finite", "gradient has NaN or inf values")
-            check_grad_norm(payload.squares, h.samples, self.max_grad_norm)
+        with self.store.slots.holding(h.worker):  # one worker's stalled pushes hold no other worker's slots
+            async with self.store.buffers.receiving() as grad:
+                payload = PayloadWriter(grad, check_finite=True)
+                if not await fill(payload, first, ctx, timeout_s):
+                    raise invalid("non_finite", "gradient has NaN or inf values")
+                check_grad_norm(payload.squares, h.samples, self.max_grad_norm)
+                await self._accepted(h, payload.squares)
         return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
                     step=report.step, session=h.session, squares=payload.squares), report, grad, segment
+
+    async def _accepted(self, h: pb.PushHeader | pb.InitHeader, squares: float = 0.0) -> None:
+        """Return once the payload ``h`` heads, received whole and valid (its squared norm ``squares``), may
+        go to the core: at once here; a sharded PS's shard 0 waits for its parts' verdicts. Its worker's
+        slot and its buffer are held meanwhile, and a refusal raised here discards the buffer."""
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None, worker: int,
                     segment: Segment | None = None, whole: bool = False) -> AsyncIterator[bytes]:

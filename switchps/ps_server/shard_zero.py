@@ -90,10 +90,16 @@ class ShardZero(ParameterServer):
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
         worker, layout, values = await super()._receive_init(ctx)
-        key = (worker, 0, INIT_STEP, 0)
-        await self.leader.verdict(key)
-        self.leader.broadcast(pb.ShardAction(initialize=part_key(key)))
+        self.leader.broadcast(pb.ShardAction(initialize=part_key(_key(pb.InitHeader(worker=worker)))))
         return worker, layout, values
+
+    async def _accepted(self, h: pb.PushHeader | pb.InitHeader, squares: float = 0.0) -> None:
+        """Every follower's verdict on its part (awaited holding the worker's slot, so a worker that sends
+        shard 0 pushes without parts holds at most ``model.EACH`` of them here); then the norm bound on the
+        whole push (part 0 alone passed it): every part's squares, added up."""
+        others = await self.leader.verdict(_key(h))
+        if isinstance(h, pb.PushHeader):
+            check_grad_norm(squares + others, h.samples, self.max_grad_norm)
 
     async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
                             named: Callable[[pb.PushHeader], None] = lambda h: None,
@@ -102,17 +108,10 @@ class ShardZero(ParameterServer):
         follower is dropped on every shard."""
         keys: list[Key] = []
         try:
-            p, report, grad, segment = await super()._receive_push(
-                ctx, whole, lambda h: keys.append((h.worker, h.session, h.stats.step, h.attempt)))
+            p, report, grad, segment = await super()._receive_push(ctx, whole, lambda h: keys.append(_key(h)))
         except BaseException as e:
             if keys:
                 self.leader.drop(keys[0], str(e))
-            raise
-        try:  # the norm bound is on the whole push (part 0 alone passed it): every part's squares, added up
-            check_grad_norm(p.squares + await self.leader.verdict(keys[0]), p.samples, self.max_grad_norm)
-        except BaseException as e:
-            self.store.recycle(grad)
-            self.leader.drop(keys[0], str(e))
             raise
         p.arrived = self.clock()  # the PS has a push once every shard has its part
         self.leader.keys[p.id] = keys[0]
@@ -135,3 +134,10 @@ class ShardZero(ParameterServer):
         # the follower's messages are parsed by ``Leader.follow`` (``codec.parse``), so garbage is refused, counted
         follow = grpc.stream_stream_rpc_method_handler(self._follow, None, pb.ShardAction.SerializeToString)
         return {**super().methods(), "Follow": follow}
+
+
+def _key(h: pb.PushHeader | pb.InitHeader) -> Key:
+    """The name every shard knows a payload by: a push's, or the initial values' (step -1)."""
+    if isinstance(h, pb.InitHeader):
+        return h.worker, 0, INIT_STEP, 0
+    return h.worker, h.session, h.stats.step, h.attempt
