@@ -65,12 +65,15 @@ class Case:
 
 
 def targets(quick: bool) -> list[Case]:
-    """The issue's three targets (at toy sizes with ``quick``, limits unchanged)."""
+    """The issue's three targets. With ``quick``, at toy sizes and without their time limits: a toy case's
+    wall time says nothing about its target's, only how loaded the machine is, so the quick run (the test's)
+    judges what must hold at any size: every update done and the peak memory under its limit."""
     n, big = (16, 64) if quick else (1024, 10_000)
     rounds, updates, rounds_big = (5, 50, 5) if quick else (500, 20_000, 100)
-    return [Case(f"bsp_real_{n}x{rounds}", "targets", n, "bsp", rounds, False, 300.0, MEMORY_LIMIT_MB),
-            Case(f"asp_real_{n}x{updates}", "targets", n, "asp", updates, False, 300.0, MEMORY_LIMIT_MB),
-            Case(f"bsp_time_only_{big}x{rounds_big}", "targets", big, "bsp", rounds_big, True, 120.0)]
+    limit_s, limit_big_s = (None, None) if quick else (300.0, 120.0)
+    return [Case(f"bsp_real_{n}x{rounds}", "targets", n, "bsp", rounds, False, limit_s, MEMORY_LIMIT_MB),
+            Case(f"asp_real_{n}x{updates}", "targets", n, "asp", updates, False, limit_s, MEMORY_LIMIT_MB),
+            Case(f"bsp_time_only_{big}x{rounds_big}", "targets", big, "bsp", rounds_big, True, limit_big_s)]
 
 
 def growth(sizes: list[int], steps: int) -> list[Case]:
@@ -175,7 +178,7 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="growth: worker counts, comma-separated")
     ap.add_argument("--steps", type=int, default=GROWTH_STEPS, help="growth: worker steps per case")
     ap.add_argument("--quick", action="store_true", help="toy sizes (for the test): targets at 16 and 64 "
-                    "workers, growth at 4 and 16 for 200 steps")
+                    "workers without time limits, growth at 4 and 16 for 200 steps")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds before a case is stopped (fails)")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # the child: one case, as JSON
     args = ap.parse_args()

@@ -74,38 +74,39 @@ class Case:
     """Figures printed beside the comparison (parameters, the paper's value)."""
 
 
-def updates_for(cv: float, se: float) -> int:
-    """Updates whose mean has relative standard error ``se`` when one update's is ``cv``."""
-    return max(MIN_UPDATES, math.ceil((cv / se) ** 2))
+def updates_for(cv: float, se: float, least: int = MIN_UPDATES) -> int:
+    """Updates whose mean has relative standard error ``se`` when one update's is ``cv`` (``least`` at least)."""
+    return max(least, math.ceil((cv / se) ** 2))
 
 
-def plan(name: str, n: int, se: float) -> Case:
-    """The case ``name`` at ``n`` workers, with the formula's values and a run long enough for ``se``."""
+def plan(name: str, n: int, se: float, least: int = MIN_UPDATES) -> Case:
+    """The case ``name`` at ``n`` workers, with the formula's values and a run long enough for ``se``
+    (at least ``least`` updates measured, for the batch means; ASP plans its own length)."""
     c = SHIFT_S + 1 / FAST
     if name == "bsp":
         mean = cf.bsp_update_s(n, c, MU)
         return Case(name, n, {"name": "bsp"}, SHIFT_S, FAST, {"seconds_per_update": mean}, 20,
-                    updates_for(cf.bsp_update_sd(n, MU) / mean, se), n)
+                    updates_for(cf.bsp_update_sd(n, MU) / mean, se, least), n)
     if name == "backup":  # c = 0 but for the 1e-9 s of compute, which the formula ignores
         b = n // 4
         mean, var = cf.backup_late_finish_moments(n, b, MU)
         return Case(name, n, {"name": "bsp", "backup_workers": b}, 0.0, FAST, {"seconds_per_update": mean}, 20,
-                    updates_for(math.sqrt(var) / mean, se), n,
+                    updates_for(math.sqrt(var) / mean, se, least), n,
                     {"backup_workers": b, "paper_k_sync_s": cf.backup_update_s(n, b, 0.0, MU)})
     if name == "kasync":  # Poisson pushes: an update's time is Gamma(K, N mu), cv 1/sqrt(K)
         k = n // 4
         return Case(name, n, {"name": "kasync", "k": k}, 0.0, FAST,
                     {"seconds_per_update": cf.kasync_update_s(n, k, MU, c=1 / FAST)}, max(20, 10 * n // k),
-                    updates_for(1 / math.sqrt(k), se), k, {"k": k})
+                    updates_for(1 / math.sqrt(k), se, least), k, {"k": k})
     if name == "asp":  # the total staleness is conserved (see cf.asp_mean_staleness): sqrt(8N)/se pushes
         return Case(name, n, {"name": "asp"}, SHIFT_S, FAST, {"mean_staleness": cf.asp_mean_staleness(n)}, 10 * n,
                     max(20 * n, math.ceil(math.sqrt(8 * n) / se)), 1)
     if name == "amb":
-        return _amb(n, se)
+        return _amb(n, se, least)
     raise ValueError(f"unknown case {name!r}; expected one of {', '.join(CASES)}")
 
 
-def _amb(n: int, se: float) -> Case:
+def _amb(n: int, se: float, least: int) -> Case:
     """AMB with T = BSP's mean round under the same stragglers (the AMB paper's comparison)."""
     budget = cf.bsp_update_s(n, SHIFT_S, MU)
     micro = budget / AMB_MICRO_PER_T
@@ -115,7 +116,7 @@ def _amb(n: int, se: float) -> Case:
     cv = max(cf.amb_update_sd(n, SHIFT_S, MU, budget, micro) / mean, batch_cv)
     protocol = {"name": "amb", "time_budget_s": budget, "micro_batch": 1, "max_batch": 2 * AMB_MICRO_PER_T + 2}
     return Case("amb", n, protocol, SHIFT_S, 1 / micro, {"seconds_per_update": mean, "mean_batch": batch}, 20,
-                updates_for(cv, se), n, {"time_budget_s": budget, "micro_batch_s": micro})
+                updates_for(cv, se, least), n, {"time_budget_s": budget, "micro_batch_s": micro})
 
 
 def build_config(case: Case, seed: int, out: Path) -> RunConfig:

@@ -9,6 +9,7 @@ import gc
 import json
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -308,11 +309,64 @@ def test_push_jitter_breaks_the_lockstep_of_identical_workers_and_is_drawn_per_w
     assert (tmp_path / "a" / "workers.csv").read_bytes() == (tmp_path / "b" / "workers.csv").read_bytes()
 
 
-def test_parameters_crossing_a_slow_link_are_kept_while_newer_versions_are_applied(tmp_path: Path) -> None:
+def test_parameters_crossing_a_slow_link_are_kept_while_newer_versions_are_applied(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ASP a reply's parameters take time to cross the link while other pushes are applied: the
     step they start must still be computed at the version they carry (and a transfer admitted at the
-    instant another finishes must not lose that one's arrival)."""
+    instant another finishes must not lose that one's arrival). Each step's push names the version its
+    order named; its loss, and the update its push makes, are those of its rows at that version's
+    parameters, recomputed here."""
+    from switchps.sim.gradients import Real
+    from switchps.sim.workers import SimWorker
+
+    sent: defaultdict[int, list[int]] = defaultdict(list)  # worker -> the versions its orders named, as sent
+    drawn: dict[tuple[int, int], np.ndarray] = {}  # (worker, step) -> the sample rows it drew
+    at: dict[int, np.ndarray] = {}  # version -> the store's parameters at it
+    learners: list[Real] = []
+    pulled, reply, begin = driver.Simulator._pulled, driver.Simulator._reply, SimWorker.begin
+    init, applied = Real.__init__, Real.applied
+
+    def first(self: driver.Simulator, w: SimWorker, order: Any) -> None:
+        sent[w.index].append(order.version)
+        pulled(self, w, order)
+
+    def replying(self: driver.Simulator, r: Any) -> None:
+        sent[r.worker] += [] if r.order.stop else [r.order.version]
+        reply(self, r)
+
+    def begun(self: SimWorker, order: Any, now: float) -> Any:
+        work = begin(self, order, now)
+        drawn[work.worker, work.step] = work.rows
+        return work
+
+    def made(self: Real, *args: Any) -> None:
+        init(self, *args)
+        learners.append(self)
+        at[0] = self.values.copy()
+
+    def stored(self: Real, version: int) -> None:
+        applied(self, version)
+        at[version] = self.values.copy()
+
+    for cls, name, spy in ((driver.Simulator, "_pulled", first), (driver.Simulator, "_reply", replying),
+                           (SimWorker, "begin", begun), (Real, "__init__", made), (Real, "applied", stored)):
+        monkeypatch.setattr(cls, name, spy)
     cfg = config(protocol={"name": "asp"}, train={"steps": 30}, network={"ps_link_mbit_s": 0.5},
                  stragglers=slowdown(1, 1.3, 1.7))
     s = simulate(cfg, tmp_path / "r")
     assert s["updates"] == 30 and max(int(v) for v in column(tmp_path / "r", "staleness_max")) >= 1
+    (real,) = learners
+    steps, updates = rows(tmp_path / "r", "workers.csv"), rows(tmp_path / "r")
+    for step in steps:  # step k of a worker starts on its k-th order (its pull, then the replies to its pushes)
+        worker, k = int(step["worker"]), int(step["step"])
+        assert int(step["base_version"]) == sent[worker][k]
+        real.gc.assign(at[sent[worker][k]])
+        assert float(step["loss"]) == pytest.approx(float(real.gc.losses(drawn[worker, k]).mean()), rel=1e-4)
+    for update, step in zip(updates, steps):  # ASP: the k-th push to arrive makes update k
+        assert update["workers"] == step["worker"]
+        sample_rows = drawn[int(step["worker"]), int(step["step"])]
+        real.gc.assign(at[int(step["base_version"])])
+        grad, _ = real.gc.compute(sample_rows, len(sample_rows))
+        v = int(update["version"])
+        np.testing.assert_allclose(at[v - 1] - at[v], float(update["lr"]) * grad / len(sample_rows), rtol=1e-3,
+                                   atol=1e-6)

@@ -1,5 +1,7 @@
 """bench/sim_vs_real.py on a tiny real study: its help, ``fit`` and ``compare`` as commands, the JSON they
-print, and that every simulation replayed its real run's straggler delays step by step."""
+print, that every simulation replayed its real run's straggler delays step by step, and that with the
+fitted overhead and jitter every metric of every arm agrees within its tolerance (as the README reports
+of its real studies), but for the README's one allowance (``reaching_is_a_coin_flip``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -28,19 +31,26 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def real_study(tmp_path_factory) -> Path:
     """A real study: 2 workers behind an emulated link, FMB records a straggler trace and ASP replays it,
-    10 updates each; and FMB again without the link ("alone"), where a push's own cost is seen alone."""
+    100 updates each; and FMB again without the link ("alone"), where a push's own cost is seen alone.
+    Long enough for the compared metrics to be more than a few events: staleness over 100 pushes, the
+    target (0.7, about half-way) crossed after 30 evaluations or more (one every 0.2 s), and at SGD's 0.1 a
+    final accuracy that a push arriving in another order barely moves. A step computes for 0.2 s (16
+    samples at 80/s), so that the milliseconds a busy machine adds to a real push, which one fitted
+    overhead cannot follow from arm to arm, stay well inside the 10 % tolerances. The study takes minutes
+    (each run starts its processes and TensorFlow): its tests' timeouts allow for it."""
     tmp = tmp_path_factory.mktemp("simreal")
     study = tmp / "mini.yaml"
     study.write_text(json.dumps({
-        "study": "mini", "repeats": 1, "reference": "fmb", "target": {"absolute": 0.2},
+        "study": "mini", "repeats": 1, "reference": "fmb", "target": {"absolute": 0.7},
         "metrics": ["time_to_target_s", "final_accuracy"],
         "base": {"cluster": {"workers": 2}, "model": {"name": "logreg"}, "data": {"name": "digits"},
-                 "protocol": {"name": "fmb", "batch": 16, "micro_batch": 4}, "train": {"steps": 10},
-                 "eval": {"every_s": 0.5}, "device": {"samples_per_s": 320.0}, "network": {"ps_link_mbit_s": 20.0},
+                 "optimizer": {"name": "sgd", "learning_rate": 0.1},
+                 "protocol": {"name": "fmb", "batch": 16, "micro_batch": 4}, "train": {"steps": 100},
+                 "eval": {"every_s": 0.2}, "device": {"samples_per_s": 80.0}, "network": {"ps_link_mbit_s": 20.0},
                  "stragglers": {"mixture": {"preset": "niagara", "scale": 0.05}}},
         "arms": {"fmb": {}, "asp": {"protocol.name": "asp"}, "alone": {"network.ps_link_mbit_s": None}}}))
     proc = subprocess.run([SWITCHPS, "study", str(study), "--out", str(tmp / "real"), "--quiet"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp)
+                          capture_output=True, text=True, timeout=600, cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return tmp / "real"
 
@@ -57,8 +67,22 @@ def sleeps(run_dir: Path) -> dict[tuple[int, int], float]:
     return {(int(a), int(b)): float(s) for a, b, s in zip(w["worker"], w["step"], w["sleep_s"])}
 
 
+def reaching_is_a_coin_flip(metric: str, judged: dict[str, Any], runs: list[dict[str, Any]],
+                             result: dict[str, Any]) -> bool:
+    """The one disagreement the README allows (and ``compare`` still reports): how many of an arm's runs
+    reach the target at all, where the target lies inside the spread of the arm's final accuracies (its
+    runs', real and simulated, widened by the final-accuracy tolerance). Whether a run crosses such a
+    target is close to a coin flip, which a few seeds cannot tell from a difference."""
+    if metric != "time_to_target_s" or judged["real_missing"] == judged["sim_missing"]:
+        return False
+    finals = [r[side]["final_accuracy"] for r in runs for side in ("real", "sim")]
+    widen = result["tolerances"]["final_accuracy"]["tolerance"] / 100  # points
+    return min(finals) - widen <= result["studies"]["mini"]["target"] <= max(finals) + widen
+
+
 @pytest.mark.integration
-def test_fit_then_compare_replay_the_real_delays_and_report_every_arm(real_study, tmp_path):
+@pytest.mark.timeout(900)
+def test_fit_then_compare_replay_the_real_delays_and_agree_on_every_arm(real_study, tmp_path):
     fit = bench("fit", str(real_study))
     assert fit.returncode == 0, fit.stderr[-3000:]
     fitted = json.loads(fit.stdout, parse_constant=pytest.fail)
@@ -79,28 +103,30 @@ def test_fit_then_compare_replay_the_real_delays_and_report_every_arm(real_study
         sum(r["steps"] for a in fitted["per_arm"].values() for r in a["runs"])
     assert overhead == pytest.approx(max(0.0, pooled - jitter), abs=1e-6), "the constant keeps the mean cost"
 
-    cmp = bench("compare", str(real_study), "--out", str(tmp_path))  # overhead 0
+    cmp = bench("compare", str(real_study), "--overhead", str(overhead), "--jitter", str(jitter), "--out",
+                str(tmp_path))
     result = json.loads(cmp.stdout, parse_constant=pytest.fail)
     assert cmp.returncode == (1 if result["failed"] else 0) and result["passed"] == (not result["failed"])
     study = result["studies"]["mini"]
-    assert study["target"] == 0.2 and set(study["arms"]) == {"fmb", "asp", "alone"}
-    for arm in study["arms"].values():
+    assert study["target"] == 0.7 and set(study["arms"]) == {"fmb", "asp", "alone"}
+    for name, arm in study["arms"].items():
         assert arm["seeds"] == 1 and set(arm["metrics"]) == METRICS
-        for m in arm["metrics"].values():
+        for metric, m in arm["metrics"].items():
             assert {"real", "sim", "diff", "tolerance", "pass"} <= set(m)
             if m["real"] is not None and m["sim"] is not None and m["real_missing"] == m["sim_missing"]:
                 assert m["pass"] == (m["diff"] is not None and abs(m["diff"]) <= m["tolerance"])
+            runs = [r for r in study["runs"] if r["arm"] == name]
+            assert m["pass"] or reaching_is_a_coin_flip(metric, m, runs, result), (name, metric, m)
+        reached = arm["metrics"]["time_to_target_s"]
+        assert reached["real"] is not None or reached["sim"] is not None, "the target is in reach: compared"
     assert study["arms"]["fmb"]["metrics"]["staleness_mean"]["real"] == 0.0
     assert study["arms"]["asp"]["metrics"]["staleness_mean"]["sim"] > 0
-    for arm in study["arms"].values():  # a simulated push costs its link time and nothing else (link_s's
-        # mean sharing delay per transfer also counts the two initial pulls, which share the link: < 0.5 ms)
-        assert arm["diagnostics"]["rpc_s"]["sim"] == pytest.approx(arm["diagnostics"]["link_s"]["sim"], abs=5e-4)
 
     for run in study["runs"]:
         real, sim = Path(run["real_dir"]), Path(run["sim_dir"])
         cfg = yaml.safe_load((sim / "config.yaml").read_text())
-        assert cfg["stragglers"]["trace"] == str(real / "stragglers.csv") and cfg["network"]["push_overhead_s"] == 0
-        assert cfg["network"]["push_jitter_s"] == 0
+        assert cfg["stragglers"]["trace"] == str(real / "stragglers.csv")
+        assert cfg["network"]["push_overhead_s"] == overhead and cfg["network"]["push_jitter_s"] == jitter
         assert cfg["seed"] == yaml.safe_load((real / "config.yaml").read_text())["seed"]
         a, b = load_trace(real / "stragglers.csv"), load_trace(sim / "stragglers.csv")
         common = a.keys() & b.keys()
@@ -113,11 +139,13 @@ def test_fit_then_compare_replay_the_real_delays_and_report_every_arm(real_study
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)
 def test_an_overhead_is_paid_by_every_simulated_push(real_study, tmp_path):
     cmp = bench("compare", str(real_study), "--overhead", "0.05", "--jitter", "0.001", "--out", str(tmp_path))
     result = json.loads(cmp.stdout, parse_constant=pytest.fail)
     assert result["overhead_s"] == 0.05 and result["jitter_s"] == 0.001
-    for arm in result["studies"]["mini"]["arms"].values():  # CSV and summary rounding
+    for arm in result["studies"]["mini"]["arms"].values():  # a push costs its link time and these, nothing else
+        # (within CSV and summary rounding, and link_s's mean sharing delay, which counts the initial pulls: < 0.5 ms)
         d = arm["diagnostics"]
         assert d["rpc_s"]["sim"] - d["link_s"]["sim"] == pytest.approx(0.051, abs=1e-3), "0.05 s + 1 ms on average"
     runs = result["studies"]["mini"]["runs"]
