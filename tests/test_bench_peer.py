@@ -145,6 +145,12 @@ def test_the_shards_transport_benchmark_runs_every_count_and_prints_strict_json(
     (result,) = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))["results"]
     assert set(result["shards"]) == {"1", "2"}
     assert set(result["shards"]["2"]["cpu_s_per_round_trip"]) == {"client", "shard0", "shard1"}
+    nbytes = 2**20  # 1 MB, a whole number of 4 KiB pages
+    one, two = result["shards"]["1"], result["shards"]["2"]
+    for count in (one, two):  # the figures are each other's: GB/s both ways from the median, in its rounding
+        assert count["gb_s"] == pytest.approx(2 * nbytes / (count["median_ms"] / 1e3) / 1e9, rel=0.01)
+    assert one["time_vs_fewest_shards"] == 1.0
+    assert two["time_vs_fewest_shards"] == pytest.approx(two["median_ms"] / one["median_ms"], rel=0.01)
 
 
 def test_alternate_runs_its_two_arms_abba_and_divides_the_first_by_the_second(bench: ModuleType, monkeypatch) -> None:
