@@ -113,11 +113,16 @@ def test_pushes_that_wait_on_shard_zero_for_their_parts_hold_only_their_workers_
         assert codes == ["RESOURCE_EXHAUSTED", "UNAVAILABLE", "UNAVAILABLE"], "the parts never came"
         assert held(0) == 0 and s.ps.core.version == 1
     finally:
-        channel.close()
-        for server in s.servers:
-            server.stop(grace=None)
-        for client in s.clients:
-            client.close()
+        _close(s, channel)
+
+
+def _close(s, channel: grpc.Channel) -> None:
+    """Stop what a sharded test started: the hand-made channel, every server and every client."""
+    channel.close()
+    for server in s.servers:
+        server.stop(grace=None)
+    for client in s.clients:
+        client.close()
 
 
 def _orphan(s, worker: int, step: int) -> Iterator[bytes]:
@@ -145,11 +150,7 @@ def test_a_workers_orphan_parts_on_a_follower_hold_only_its_slots(tmp_path: Path
         assert held(0) == EACH and {_code(call) for call in refused()} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
         assert s.ps.rec.rejections["push:busy"] == 0, "shard 0 never saw these pushes"
     finally:
-        channel.close()
-        for server in s.servers:
-            server.stop(grace=None)
-        for client in s.clients:
-            client.close()
+        _close(s, channel)
 
 
 def _bench(monkeypatch: pytest.MonkeyPatch):
