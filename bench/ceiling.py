@@ -168,7 +168,7 @@ def _cpu_ms(call: Callable[[], object], server: subprocess.Popen, reps: int) -> 
 
 def apply_cpu_ms(size: int, reps: int) -> float:
     """CPU ms of the PS's SGD update of ``size`` parameters."""
-    from switchps.config import parse_config
+    from switchps.config.run import parse_config
     from switchps.ps_server.optimizers import apply_update
     from switchps.ps_server.optimizers import optimizer_factory
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from switchps.config import parse_config
+from switchps.config.run import parse_config
 from switchps.jsonfile import dumps
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import make_layout
-from switchps.ps_server.main import build_ps, prepare_run_dir
-from switchps.ps_server.server import Server
+from switchps.ps_server.rpc.main import build_ps, prepare_run_dir
+from switchps.ps_server.rpc.server import Server
 from switchps.worker.client import PSClient
 
 

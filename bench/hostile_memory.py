@@ -49,9 +49,9 @@ PEAK_EVERY_S = 0.02
 def serve(conn: Connection, chunk_mb: float, workers: int = 1, receive_timeout_s: float = 30.0) -> None:
     """The PS (spawned child): serves on loopback and answers ``state`` requests until ``stop``. A request
     names the pushes refused so far: the answer waits until the PS has counted that many refusals."""
-    from switchps.config import parse_config
-    from switchps.ps_server.main import build_ps
-    from switchps.ps_server.server import Server
+    from switchps.config.run import parse_config
+    from switchps.ps_server.rpc.main import build_ps
+    from switchps.ps_server.rpc.server import Server
 
     cfg = parse_config({"cluster": {"workers": workers}, "protocol": {"name": "asp"},
                         "runtime": {"chunk_mb": chunk_mb, "receive_timeout_s": receive_timeout_s},

@@ -33,7 +33,7 @@ import grpc
 import numpy as np
 
 from hostile_memory import MB, SETTLE_S, Child, HostilePS, answer
-from switchps.config import RunConfig, parse_config
+from switchps.config.run import RunConfig, parse_config
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode
 from switchps.protos.layout import make_layout
@@ -95,12 +95,12 @@ def _config(part_mb: float, receive_timeout_s: float) -> RunConfig:
 def follow(conn: Connection, leader: str, part_mb: float, receive_timeout_s: float) -> None:
     """Follower shard 1 (spawned child), as ``follower_main`` builds it; a state request names how many
     parts must be kept or refused (counted) before the answer."""
-    from switchps.channels import ClientSecurity
+    from switchps.security.channels import ClientSecurity
     from switchps.protos.codec import one_arena
-    from switchps.ps_server.follower import Follower
+    from switchps.ps_server.shard.follower import Follower
     from switchps.ps_server.model import ModelStore
     from switchps.ps_server.optimizers import optimizer_factory
-    from switchps.ps_server.server import Server
+    from switchps.ps_server.rpc.server import Server
 
     one_arena()
     cfg = _config(part_mb, receive_timeout_s)
@@ -122,9 +122,9 @@ def follow(conn: Connection, leader: str, part_mb: float, receive_timeout_s: flo
 
 def orphans(parts: int, part_mb: float, receive_timeout_s: float) -> dict:
     """A follower's memory under one worker's orphan parts (see the module docstring)."""
-    from switchps.channels import ClientSecurity
-    from switchps.ps_server.main import build_ps
-    from switchps.ps_server.server import Server
+    from switchps.security.channels import ClientSecurity
+    from switchps.ps_server.rpc.main import build_ps
+    from switchps.ps_server.rpc.server import Server
     from switchps.worker.client import Reconnect
     from switchps.worker.sharded import ShardedClient
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from switchps import auth
+from switchps.security import auth
 from switchps.address import free_port
-from switchps.channels import ClientSecurity, ServerSecurity
+from switchps.security.channels import ClientSecurity, ServerSecurity
 from switchps.jsonfile import dumps
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import make_layout
@@ -40,9 +40,9 @@ BATCH = 32
 
 def serve_ps(port: int, workers: int) -> None:
     """A PS for ``workers`` ASP workers, as ``switchps run`` builds it; serves until killed."""
-    from switchps.config import parse_config
-    from switchps.ps_server.main import build_ps
-    from switchps.ps_server.server import Server
+    from switchps.config.run import parse_config
+    from switchps.ps_server.rpc.main import build_ps
+    from switchps.ps_server.rpc.server import Server
 
     run_dir = Path(tempfile.mkdtemp(prefix="switchps-load-"))
     cfg = parse_config({"cluster": {"workers": workers}, "protocol": {"name": "asp", "batch": BATCH},

@@ -1,7 +1,7 @@
 """Where a worker step's time goes: logistic regression (784->10, or ``--dim``->10), 2 workers, ASP, authenticated,
 checkpointing.
 
-One real run (``switchps.launcher``, as ``bench/steps.py`` runs it). Once training has run ``--warmup-s``,
+One real run (``switchps.launch.launcher``, as ``bench/steps.py`` runs it). Once training has run ``--warmup-s``,
 a clean window of ``--seconds``, nothing attached: steps/s, the CPU time of every thread of the PS,
 worker 0 and the evaluator (``/proc``, through psutil), and worker 0's own per-step timers (workers.csv
 ``compute_s``, ``send_s``; the PS records no per-phase timer, only per-update rows). Then three sampled
@@ -34,11 +34,11 @@ from typing import Any
 import psutil
 
 from switchps.address import published
-from switchps.backends import Child, LocalBackend, RoleSpec
-from switchps.channels import client_security
-from switchps.config import RunConfig, parse_config
+from switchps.launch.backends import Child, LocalBackend, RoleSpec
+from switchps.security.channels import client_security
+from switchps.config.run import RunConfig, parse_config
 from switchps.jsonfile import dumps
-from switchps.launcher import launch, local_backend
+from switchps.launch.launcher import launch, local_backend
 from switchps.worker.client import PSClient
 from steps import data_config  # the sibling benchmark's data (bench/ is on sys.path)
 
@@ -61,38 +61,38 @@ WORKER_RULES: list[Rule] = [
     ("worker loop: step stats, headers, straggler plan", "worker/", ()),
 ]
 PS_RULES: list[Rule] = [
-    ("token verification", "ps_server/guard.py", ()),
-    ("token verification", "switchps/auth.py", ()),
-    ("token verification", "ps_server/service.py", ("ParameterServer._as_worker",)),
+    ("token verification", "ps_server/rpc/guard.py", ()),
+    ("token verification", "switchps/security/auth.py", ()),
+    ("token verification", "ps_server/rpc/service.py", ("ParameterServer._as_worker",)),
     ("checks", "protos/codec.py", ("all_finite", "sum_squares")),
     ("checks", "ps_server/validate.py", ()),
     ("checks", "ps_server/core/machine.py", ("Core.check_push",)),
     ("checks", "ps_server/model.py", ("ModelStore.check",)),
-    ("checks", "ps_server/service.py", ("_report",)),
+    ("checks", "ps_server/rpc/service.py", ("_report",)),
     ("server receive/decode", "protos/codec.py", ("decode", "decode_header", "parse", "first_frame", "fill",
                                                   "_read", "PayloadWriter.add", "PayloadWriter.finish")),
     ("server receive/decode", "ps_server/model.py", ("BufferPool.", "receiving")),
-    ("server receive/decode", "ps_server/service.py", ("ParameterServer._receive_push",)),
+    ("server receive/decode", "ps_server/rpc/service.py", ("ParameterServer._receive_push",)),
     ("record (rows, events, counts)", "ps_server/records.py", ()),
     ("record (rows, events, counts)", "ps_server/tensorboard.py", ()),
     ("record (rows, events, counts)", "prometheus_client/", ()),
     ("reply encode", "ps_server/model.py", ("Snapshot.",)),
-    ("reply encode", "ps_server/attachments.py", ("write_values", "_copy")),
+    ("reply encode", "ps_server/rpc/attachments.py", ("write_values", "_copy")),
     ("reply encode", "protos/codec.py", ("aencode", "encode", "_frame0", "whole_frame", "joined")),
-    ("reply encode", "ps_server/service.py", ("ParameterServer._send", "_order")),
+    ("reply encode", "ps_server/rpc/service.py", ("ParameterServer._send", "_order")),
     ("apply", "ps_server/optimizers.py", ()),
     ("apply", "ps_server/model.py", ("ModelStore._apply", "Sums.", "ModelStore._join",
                                      "ModelStore.submit", "ModelStore.join", "ModelStore._enqueue",
                                      "ModelStore.recycle")),
     ("checkpoint (between events)", "ps_server/checkpoint", ()),
-    ("checkpoint (between events)", "ps_server/service.py", ("ParameterServer._maybe_checkpoint",)),
+    ("checkpoint (between events)", "ps_server/rpc/service.py", ("ParameterServer._maybe_checkpoint",)),
     ("core", "ps_server/core/", ()),
-    ("core", "ps_server/protocols.py", ()),
-    ("core", "ps_server/events.py", ()),
-    ("core", "ps_server/service.py", ("ParameterServer._execute", "ParameterServer._note_progress",
+    ("core", "ps_server/core/protocols.py", ()),
+    ("core", "ps_server/core/events.py", ()),
+    ("core", "ps_server/rpc/service.py", ("ParameterServer._execute", "ParameterServer._note_progress",
                                       "ParameterServer._arm", "ParameterServer._apply", "ParameterServer._fire")),
-    ("handler glue (service.py)", "ps_server/service.py", ()),
-    ("handler glue (service.py)", "ps_server/local_pushes.py", ()),  # the socket's frames and replies
+    ("handler glue (service.py)", "ps_server/rpc/service.py", ()),
+    ("handler glue (service.py)", "ps_server/rpc/local_pushes.py", ()),  # the socket's frames and replies
     ("gRPC aio and asyncio runtime", "grpc/", ()),
     ("gRPC aio and asyncio runtime", "asyncio/", ()),
 ]

@@ -31,9 +31,9 @@ import grpc
 import numpy as np
 import psutil
 
-from switchps import auth
+from switchps.security import auth
 from switchps.address import free_port
-from switchps.channels import ClientSecurity
+from switchps.security.channels import ClientSecurity
 from switchps.jsonfile import dumps
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import make_layout
@@ -45,7 +45,7 @@ SHARD_MAX_MB = 4.0
 
 
 def _config(addresses: list[str], secret_env: str, max_mb: float) -> Any:
-    from switchps.config import parse_config
+    from switchps.config.run import parse_config
 
     return parse_config({"cluster": {"workers": 1, "ps": addresses if len(addresses) > 1 else addresses[0]},
                          "protocol": {"name": "asp"}, "optimizer": {"name": "sgd", "learning_rate": 1e-6},
@@ -63,16 +63,16 @@ def serve(addresses: list[str], shard: int, max_mb: float) -> None:
     """One shard of the PS at ``addresses`` (serves until killed)."""
     import threading
 
-    from switchps.channels import server_security
-    from switchps.ps_server.main import build_ps
-    from switchps.ps_server.server import Server
+    from switchps.security.channels import server_security
+    from switchps.ps_server.rpc.main import build_ps
+    from switchps.ps_server.rpc.server import Server
 
     cfg, run_dir = _config(addresses, SECRET_ENV, max_mb), Path(tempfile.mkdtemp(prefix="switchps-bench-shards-"))
     if shard == 0:
         server = Server(build_ps(cfg, run_dir), addresses[0], server_security(cfg.security))
         threading.Event().wait()  # serve until killed
         server.stop()
-    from switchps.ps_server.follower_main import run_follower
+    from switchps.ps_server.shard.follower_main import run_follower
 
     run_follower(cfg, run_dir, shard, addresses[0])
 
@@ -170,8 +170,8 @@ def steps(args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     from steps import data_config, model_name  # noqa: E402 - a sibling benchmark's helpers
 
-    from switchps.config import parse_config
-    from switchps.launcher import launch
+    from switchps.config.run import parse_config
+    from switchps.launch.launcher import launch
 
     rates: dict[int, list[float]] = {s: [] for s in args.shards}
     for _ in range(args.pairs):

@@ -108,7 +108,7 @@ def config(case: Case, out: Path) -> dict[str, Any]:
 
 def child(case: Case) -> dict[str, Any]:
     """Run ``case`` in this process (the child's side): what the parent cannot see from outside."""
-    from switchps.config import parse_config
+    from switchps.config.run import parse_config
     from switchps.sim.run import simulate
 
     out = Path(tempfile.mkdtemp(prefix="switchps-simscale-"))

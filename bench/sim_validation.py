@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from switchps import closed_forms as cf
-from switchps.config import RunConfig, parse_config
+from switchps.config.run import RunConfig, parse_config
 from switchps.jsonfile import dumps
 from switchps.sim.run import simulate
 

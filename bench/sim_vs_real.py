@@ -53,9 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from switchps.config import load_config
+from switchps.config.run import load_config
 from switchps.jsonfile import dumps
-from switchps.runrecord import read_csv
+from switchps.runs.record import read_csv
 from switchps.straggler_trace import load_trace
 from switchps.studies.metrics import run_metrics
 

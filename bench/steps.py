@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from switchps.config import RunConfig, parse_config
+from switchps.config.run import RunConfig, parse_config
 from switchps.jsonfile import dumps
-from switchps.launcher import launch
+from switchps.launch.launcher import launch
 from switchps.studies.stats import ratio_estimate
 from tf_ps import MODES as TF_MODES, run_peer, train_rows
 

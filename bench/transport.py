@@ -13,7 +13,7 @@ payload of the same size back:
 - switchps: a real ASP push (validation, ΣG/Σb apply with SGD, new snapshot)
   whose reply carries the fresh parameters, through ``PSClient``, measured three
   ways: plaintext with no authentication, plaintext with a token on every call
-  (``auth``), TLS with a token (``tls``, a development CA from ``switchps.certs``), and with a token
+  (``auth``), TLS with a token (``tls``, a development CA from ``switchps.security.certs``), and with a token
   through a shared-memory segment (``shared_memory``: a worker on the PS's host; only the header is a
   gRPC message).
 - a serial estimate of a PS's least work: raw tuned grpcio's round trip plus the
@@ -43,10 +43,10 @@ import grpc
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from switchps import auth
-from switchps.channels import ClientSecurity, ServerSecurity
+from switchps.security import auth
+from switchps.security.channels import ClientSecurity, ServerSecurity
 from switchps.jsonfile import dumps
-from switchps.security_config import TLSSpec
+from switchps.config.security import TLSSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator, whole_limit
 from switchps.protos.layout import make_layout
@@ -142,9 +142,9 @@ def serve_ps(port: int, tls_dir: str | None) -> None:
     import threading
     from pathlib import Path
 
-    from switchps.config import parse_config
-    from switchps.ps_server.main import build_ps
-    from switchps.ps_server.server import Server
+    from switchps.config.run import parse_config
+    from switchps.ps_server.rpc.main import build_ps
+    from switchps.ps_server.rpc.server import Server
 
     cfg = parse_config(PS_CONFIG)
     secret = os.environ.get(SECRET_ENV, "").encode() or None
@@ -245,7 +245,7 @@ def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
     with the project's own code: the client's copy into frames, the PS's copy into its receive buffer, its
     finiteness check, the optimizer's step (SGD, as the PS here runs it), the new version's copy into
     frames, and the client's copy out of the reply into its parameters."""
-    from switchps.config import parse_config
+    from switchps.config.run import parse_config
     from switchps.protos.codec import all_finite, array_chunks, receive_into, whole_frame
     from switchps.ps_server.model import Snapshot
     from switchps.ps_server.optimizers import apply_update, optimizer_factory
@@ -314,7 +314,7 @@ def bench_size(mb: float, chunk: int, args: argparse.Namespace) -> dict:
     import tempfile
     from pathlib import Path
 
-    from switchps.certs import write_dir
+    from switchps.security.certs import write_dir
     from switchps.address import free_port
 
     nbytes = int(mb * 2**20) // 4 * 4

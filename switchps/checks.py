@@ -2,7 +2,7 @@
 data a config names would work, asked of the code that builds them.
 
 This module sits above the config and the roles (it imports the PS's optimizers and schedules, the
-worker's models and data, the policies), so that ``switchps.config`` imports none of them. Commands pass
+worker's models and data, the policies), so that ``switchps.config.run`` imports none of them. Commands pass
 ``PREFLIGHT`` to ``load_config``/``parse_config``; each check returns ``(sub-path, message)`` problems
 for the section validating, so they join the one report of the whole file. TensorFlow is never imported
 here: zoo models are checked by signature, and a ``module:function`` model is imported only for roles
@@ -17,7 +17,7 @@ from switchps.policies.registry import make_policy, policy_class
 from switchps.problems import Problem, did_you_mean, kwargs_problems, under
 from switchps.ps_server.optimizers import OPTIMIZERS, make_optimizer
 from switchps.ps_server.schedules import make_schedule
-from switchps.schema import Role
+from switchps.config.schema import Role
 from switchps.worker.data import DataNotFoundError, locate_files
 from switchps.worker.models import check_model
 
@@ -29,7 +29,7 @@ def _constant(step: int) -> float:
 
 
 class Preflight:
-    """``switchps.schema.Checks`` answered by the code that builds the run."""
+    """``switchps.config.schema.Checks`` answered by the code that builds the run."""
 
     def optimizer(self, name: str, params: dict[str, float]) -> list[Problem]:
         """Each hyper-parameter the PS would reject, one by one so all are named, then all together."""

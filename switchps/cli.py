@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
 import sys
-import threading
-import time
 from pathlib import Path
-from types import FrameType
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,14 +16,13 @@ import grpc
 from switchps import EXIT_CONFIG, EXIT_INTERRUPTED, __version__
 from switchps.address import split
 from switchps.checks import PREFLIGHT
-from switchps.config import ConfigError, RunConfig, load_config
-from switchps.jsonfile import dumps
+from switchps.config.run import ConfigError, RunConfig, load_config
 from switchps.errors import EXIT_SHARD_LOST, PSUnreachable, RunDirError, ShardLost
-from switchps.resume_rules import refuse_incompatible
-from switchps.role_commands import bind_cpu, cmd_evaluator, cmd_ps, cmd_worker, exit_on_sigint, watch_parent
+from switchps.ps_server.resume_rules import refuse_incompatible
+from switchps.launch.role_commands import bind_cpu, cmd_evaluator, cmd_ps, cmd_worker, exit_on_sigint, watch_parent
 
 if TYPE_CHECKING:
-    from switchps.ray_backend import RayBackend
+    from switchps.launch.ray_backend import RayBackend
 
 PS_HELP = "the PS's address (overrides cluster.ps and TF_CONFIG); `switchps run` passes what the PS published"
 
@@ -38,13 +33,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if resume is not None:
         if args.config:
             raise ConfigError("run: give a config or --resume RUN_DIR (which holds its config), not both")
-        from switchps.ps_server.runs import check_resumable
+        from switchps.ps_server.drivers import check_resumable
 
         ckpt = check_resumable(resume)
     cfg = load_config(resume / "config.yaml" if resume else args.config, args.set, role="run", checks=PREFLIGHT)
     if resume is not None and ckpt is not None:
         refuse_incompatible(resume, ckpt, cfg)
-    from switchps.launcher import LaunchError, console, launch, summary_table
+    from switchps.launch.launcher import LaunchError, console, launch, summary_table
 
     if args.address and args.backend != "ray":
         raise ConfigError("run: --address is for --backend ray")
@@ -67,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _ray_backend(cfg: RunConfig, address: str | None) -> "RayBackend":
     """Connect to Ray (``address``; none: a local Ray) and reserve the roles' placement group."""
     try:
-        from switchps.ray_backend import RayBackend, connect, run_secret
+        from switchps.launch.ray_backend import RayBackend, connect, run_secret
     except ModuleNotFoundError as e:
         if (e.name or "").partition(".")[0] != "ray":
             raise
@@ -81,7 +76,7 @@ def _ray_backend(cfg: RunConfig, address: str | None) -> "RayBackend":
 def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, role="simulate", checks=PREFLIGHT)
     run_dir = Path(args.run_dir or cfg.new_run_dir())
-    from switchps.launcher import console, summary_table
+    from switchps.launch.launcher import console, summary_table
     from switchps.sim.run import simulate
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even where inherited as ignored (a background job)
@@ -97,11 +92,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_role(args: argparse.Namespace) -> int:
-    """Pick this task's role from SLURM, Kubernetes or TF_CONFIG (``switchps.role_plan``) and run that
+    """Pick this task's role from SLURM, Kubernetes or TF_CONFIG (``switchps.launch.role_plan``) and run that
     role's command in this process."""
     import socket
 
-    from switchps.role_plan import plan
+    from switchps.launch.role_plan import plan
 
     p = plan(args.config, args.set, args.run_dir, os.environ, socket.gethostname())
     p.run_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +109,7 @@ def cmd_role(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     if args.checkpoint != "latest" and not args.checkpoint.isdigit():
         raise ConfigError(f"export: --checkpoint must be latest or a version number, got {args.checkpoint!r}")
-    from switchps.export import export
+    from switchps.runs.export import export
 
     version = None if args.checkpoint == "latest" else int(args.checkpoint)
     print(export(Path(args.run_dir), version, Path(args.out) if args.out else None))
@@ -144,15 +139,15 @@ def run_dir_arg(path: str) -> Path:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from switchps.runrecord import console
-    from switchps.status import status_table
+    from switchps.runs.record import console
+    from switchps.runs.status import status_table
 
     console().print(status_table(args.target, args.config))
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from switchps.plots import plot_run
+    from switchps.runs.plots import plot_run
 
     for path in plot_run(run_dir_arg(args.run_dir), Path(args.out) if args.out else None):
         print(path)
@@ -160,8 +155,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from switchps.compare import compare_runs, results_table
-    from switchps.runrecord import console
+    from switchps.runs.compare import compare_runs, results_table
+    from switchps.runs.record import console
 
     results = compare_runs([run_dir_arg(d) for d in args.run_dirs], args.target, Path(args.out))
     console().print(results_table(results, args.target))
@@ -191,7 +186,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from switchps.certs import write_dir
+    from switchps.security.certs import write_dir
 
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
     try:
@@ -205,7 +200,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 def cmd_tune_switch(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, role="run", checks=PREFLIGHT)
-    from switchps.tune import tune_switch
+    from switchps.runs.tune import tune_switch
 
     tune_switch(cfg, args.tolerance, args.repeats, args.min_fraction, quiet=args.quiet)
     return 0
@@ -277,7 +272,7 @@ def _role_parsers(with_config: Callable[[str, str], argparse.ArgumentParser]) ->
     e.set_defaults(func=cmd_evaluator)
     ro = with_config("role", "run the role this task of a SLURM job, Kubernetes pod or TF_CONFIG task has: "
                               "the first ranks the PS's shards (one, unless cluster.ps lists several), then the "
-                              "evaluator, the rest workers (see configs/slurm)")
+                              "evaluator, the rest workers (see examples/slurm)")
     ro.add_argument("--run-dir", help="the run directory all tasks share (default under SLURM: "
                                       "output.dir/<name>-slurm<job id>)")
     ro.set_defaults(func=cmd_role)

@@ -4,7 +4,7 @@ negligible compute), N identical independent workers, no communication time.
 
 Pure math, below every role: ``bench/sim_validation.py`` checks the simulator against these, and
 ``tests/test_closed_forms.py`` checks these against known values, NumPy Monte Carlo and the real
-``Core`` driven on a virtual clock. Each formula is for switchps's rule as ``ps_server/protocols.py``
+``Core`` driven on a virtual clock. Each formula is for switchps's rule as ``ps_server/core/protocols.py``
 implements it; where that rule differs from the paper's, both are given and the docstrings say which
 is which.
 """

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
+from switchps.config.run import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import Policy
 from switchps.ps_server.checkpointer import Parts
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.events import (
+from switchps.ps_server.core.events import (
     Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport,
 )
 from switchps.ps_server.records import RunRecorder

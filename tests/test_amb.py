@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,7 +96,7 @@ def test_slowdown_factor_stretches_compute_and_comm_delay_comes_last():
 def test_trace_recorded_by_the_ps_replays_bit_exactly(tmp_path):
     from switchps.ps_server.records import RunRecorder
     from switchps.straggler_trace import load_trace
-    from switchps.straggler_config import StragglerSpec
+    from switchps.config.stragglers import StragglerSpec
     from switchps.worker.stragglers import StragglerInjector
 
     spec = StragglerSpec(mixture={"preset": "niagara", "scale": 0.37}, comm_delay={"sigma_s": 0.013},

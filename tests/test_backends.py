@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from switchps.address import published, split
-from switchps.backends import Handle, LocalBackend, RoleSpec
-from switchps.config import load_config
-from switchps.launcher import LaunchError, check, launch, stop_all
+from switchps.launch.backends import Handle, LocalBackend, RoleSpec
+from switchps.config.run import load_config
+from switchps.launch.launcher import LaunchError, check, launch, stop_all
 
 from test_launch import CONFIGS
 

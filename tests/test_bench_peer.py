@@ -16,7 +16,7 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 
-from switchps.config import parse_config
+from switchps.config.run import parse_config
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -111,9 +111,9 @@ def test_profile_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
               "PSClient._read_reply (switchps/worker/client.py:150)",
               "decode_header (switchps/protos/codec.py:110)"]
     assert p.classify(decode, p.WORKER_RULES) == "reply decode"
-    token = [*PS_LOOP, "Guard.intercept_service (switchps/ps_server/guard.py:40)", "verify (switchps/auth.py:90)"]
+    token = [*PS_LOOP, "Guard.intercept_service (switchps/ps_server/rpc/guard.py:40)", "verify (switchps/security/auth.py:90)"]
     assert p.classify(token, p.PS_RULES) == "token verification"
-    check = [*PS_LOOP, "ParameterServer._receive_push (switchps/ps_server/service.py:320)",
+    check = [*PS_LOOP, "ParameterServer._receive_push (switchps/ps_server/rpc/service.py:320)",
              "fill (switchps/protos/codec.py:305)", "all_finite (switchps/protos/codec.py:170)"]
     assert p.classify(check, p.PS_RULES) == "checks"
     assert p.classify(check[:-1], p.PS_RULES) == "server receive/decode"
@@ -217,7 +217,7 @@ def test_vs_tf_with_one_tf_mode_runs_only_that_one(bench: ModuleType, monkeypatc
 def test_network_path_runs_switchps_on_grpc_bytes_with_no_cpu_binding(bench: ModuleType) -> None:
     """``--network``: no shared memory (so no Unix socket) and the launcher binds no worker, as on other
     hosts; without it, switchps as shipped: both."""
-    from switchps.cpu_binding import CpuBinding, local_bindings
+    from switchps.config.cpu_binding import CpuBinding, local_bindings
 
     args = argparse.Namespace(network=False, workers=2, dim=784, batch=32, seconds=1.0, no_checkpoint=False,
                               checkpoint_every_s=30.0)

@@ -16,7 +16,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from switchps.certs import FILES, Issued, issue, make_ca, write_dir
+from switchps.security.certs import FILES, Issued, issue, make_ca, write_dir
 
 HOSTS = ["ps.example", "10.0.0.5"]
 

@@ -9,7 +9,7 @@ from harness import Harness
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import CheckpointError
 from switchps.ps_server.checkpointer import compose, restore
-from switchps.ps_server.events import StepReport
+from switchps.ps_server.core.events import StepReport
 
 
 def state(v: float) -> dict:

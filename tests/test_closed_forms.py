@@ -20,9 +20,9 @@ from switchps.closed_forms import (
     amb_mean_batch, amb_update_s, amb_update_sd, asp_mean_staleness, backup_late_finish_moments,
     backup_late_finish_update_s, backup_update_s, bsp_update_s, bsp_update_sd, harmonic, kasync_update_s,
 )
-from switchps.config import RunConfig
+from switchps.config.run import RunConfig
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.events import StepReport
+from switchps.ps_server.core.events import StepReport
 from switchps.sim.run import simulate
 from switchps.straggler_trace import StepDelays
 from switchps.worker.steps import Sampler, StepRunner

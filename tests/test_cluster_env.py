@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from switchps.cluster_env import Role, detect, ps_address, resumes, roles, run_dir
-from switchps.hostlist import expand, node_of_rank, tasks_per_node
+from switchps.launch.cluster_env import Role, detect, ps_address, resumes, roles, run_dir
+from switchps.launch.hostlist import expand, node_of_rank, tasks_per_node
 from switchps.problems import ConfigError
-from switchps.role_plan import plan
+from switchps.launch.role_plan import plan
 
 pytest_plugins = ["slurm_local"]  # slurm_config: an installed SLURM, or a skip (a failure under CI)
 
@@ -172,7 +172,7 @@ def test_ps_resumes_only_a_requeued_run(tmp_path: Path) -> None:
     assert resumes(requeued, tmp_path) and not resumes(first, tmp_path) and not resumes(worker, tmp_path)
 
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "slurm" / "train.yaml"
+CONFIG = Path(__file__).resolve().parent.parent / "examples" / "slurm" / "train.yaml"
 
 
 def test_plan_gives_each_rank_its_role_command(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
     COPIES, INLINE_BYTES, WHOLE_BYTES, FrameError, decode_header, encode_array, receive_into,
 )
-from switchps.ps_server.service import ParameterServer
+from switchps.ps_server.rpc.service import ParameterServer
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 

@@ -12,9 +12,9 @@ import pytest
 
 from switchps.cli import main
 from switchps.checks import PREFLIGHT
-from switchps.config import ConfigError, load_config, parse_config
+from switchps.config.run import ConfigError, load_config, parse_config
 
-EXAMPLES = sorted(Path(str(files("switchps.configs"))).glob("*.yaml"))
+EXAMPLES = sorted(Path(str(files("switchps.examples"))).glob("*.yaml"))
 
 
 @pytest.mark.parametrize("yaml_text, field", [
@@ -81,14 +81,14 @@ def test_example_configs_validate_and_round_trip(path):
 
 
 def test_examples_cover_every_protocol():
-    from switchps.ps_server.protocols import PROTOCOLS
+    from switchps.ps_server.core.protocols import PROTOCOLS
 
     names = {p.stem for p in EXAMPLES}
     assert set(PROTOCOLS) | {"quickstart", "backup"} <= names
 
 
 def test_tf_config_supplies_cluster_and_index(tmp_path, monkeypatch):
-    from switchps.role_commands import apply_tf_config as _tf_config
+    from switchps.launch.role_commands import apply_tf_config as _tf_config
 
     cfg = parse_config({})
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["10.0.0.1:7000"], "worker": ["a:1", "b:1"]},

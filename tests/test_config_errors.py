@@ -13,11 +13,11 @@ from typing import get_args
 import annotated_types as at
 import pytest
 
-import switchps.launcher
+import switchps.launch.launcher
 from switchps.cli import main
 from switchps.checks import PREFLIGHT
-from switchps.config import ConfigError, RunConfig, load_config, parse_config
-from switchps.schema import Section
+from switchps.config.run import ConfigError, RunConfig, load_config, parse_config
+from switchps.config.schema import Section
 
 SWITCHPS = str(Path(sys.executable).parent / "switchps")  # the console script pip installed
 PREFIX = "switchps: config error: "
@@ -134,7 +134,7 @@ def isolated(tmp_path, monkeypatch):
     def launched(*args, **kwargs):
         raise AssertionError("the config was accepted and the launcher started")
 
-    monkeypatch.setattr(switchps.launcher, "launch", launched)
+    monkeypatch.setattr(switchps.launch.launcher, "launch", launched)
     return tmp_path
 
 
@@ -309,7 +309,7 @@ def test_zoo_checks_import_no_tensorflow(tmp_path):
     code = textwrap.dedent("""
         import sys
         from switchps.checks import PREFLIGHT
-        from switchps.config import ConfigError, parse_config
+        from switchps.config.run import ConfigError, parse_config
         parse_config({"model": {"name": "cnn", "kwargs": {"filters": [4], "dense": 8}}}, role="run", checks=PREFLIGHT)
         try:
             parse_config({"model": {"name": "cnn", "kwargs": {"filter": [4]}}}, role="run", checks=PREFLIGHT)

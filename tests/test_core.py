@@ -7,7 +7,7 @@ import pytest
 
 from harness import Harness
 from switchps.policies.base import Decision
-from switchps.ps_server.events import StepReport
+from switchps.ps_server.core.events import StepReport
 from switchps.refusals import Rejected
 
 # ---- BSP, backup workers, deadlines -----------------------------------------------------------

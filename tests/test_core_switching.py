@@ -12,7 +12,7 @@ import pytest
 from harness import Harness
 from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.policies.schedule import Schedule
-from switchps.ps_server.events import StepReport
+from switchps.ps_server.core.events import StepReport
 
 PROTOCOLS = {"bsp": {}, "fmb": {}, "amb": {"time_budget_s": 1.0}, "asp": {}, "ssp": {"staleness": 1},
              "kasync": {"k": 2}, "timed": {"window_s": 1.0}}
@@ -224,7 +224,7 @@ def test_schedule_policy_switches_at_its_fraction_and_the_overhead_is_recorded()
 
 
 def test_a_switch_keeps_only_the_updates_its_overhead_needs_and_they_survive_a_checkpoint():
-    from switchps.ps_server.overhead import INTERVALS, switch_overheads
+    from switchps.ps_server.core.overhead import INTERVALS, switch_overheads
 
     h = Harness(workers=2, train={"steps": 100}, protocol={"batch": 1},
                 policy=Schedule(phases=[{"bsp": 0.02}, {"asp": 0.98}]))

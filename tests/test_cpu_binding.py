@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from switchps.backends import LocalBackend, RoleSpec
-from switchps.config import load_config
-from switchps.cpu_binding import ENV, CpuBinding, CpuBindingSpec, local_bindings
-from switchps.launcher import local_backend
+from switchps.launch.backends import LocalBackend, RoleSpec
+from switchps.config.run import load_config
+from switchps.config.cpu_binding import ENV, CpuBinding, CpuBindingSpec, local_bindings
+from switchps.launch.launcher import local_backend
 
 from test_launch import CONFIGS
 
@@ -44,7 +44,7 @@ def test_a_binding_crosses_the_environment_whole_and_anything_else_is_refused():
 
 PROBE = """
 import json, os, threading
-from switchps.cpu_binding import apply_env
+from switchps.config.cpu_binding import apply_env
 apply_env()
 seen = {}
 def probe():

@@ -39,7 +39,7 @@ import switchps
 from cluster import LiveCluster, start_cluster
 from conftest import wait_until
 from switchps.ps_server.model import ModelStore
-from switchps.ps_server.service import ParameterServer
+from switchps.ps_server.rpc.service import ParameterServer
 
 pytest_plugins = ["cluster"]
 

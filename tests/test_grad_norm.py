@@ -15,7 +15,7 @@ import pytest
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import PayloadWriter, encode_array
 from switchps.protos.segment import available
-from switchps.ps_server.shards import Leader, part_key
+from switchps.ps_server.shard.followers import Leader, part_key
 from switchps.ps_server.validate import check_grad_norm
 from switchps.refusals import Rejected
 from test_sharded import SIZE as SHARDED_SIZE, grads, make, push  # noqa: F401 (make: a fixture)

@@ -1,4 +1,4 @@
-"""configs/k8s: the manifests parse, hold the expected objects, and the environment each pod template
+"""examples/k8s: the manifests parse, hold the expected objects, and the environment each pod template
 gives makes `switchps role` pick that pod's role (the pure logic; no cluster needed)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from switchps.cluster_env import Role, detect, ps_address, run_dir
-from switchps.config import parse_config
+from switchps.launch.cluster_env import Role, detect, ps_address, run_dir
+from switchps.config.run import parse_config
 
-MANIFEST = Path(__file__).resolve().parent.parent / "configs" / "k8s" / "switchps.yaml"
+MANIFEST = Path(__file__).resolve().parent.parent / "examples" / "k8s" / "switchps.yaml"
 
 
 def docs() -> list[dict[str, Any]]:

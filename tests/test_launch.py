@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.integration
-CONFIGS = Path(str(files("switchps.configs")))
+CONFIGS = Path(str(files("switchps.examples")))
 SWITCHPS = str(Path(sys.executable).parent / "switchps")
 SUMMARY_KEYS = {"final_test_accuracy", "best_test_accuracy", "wall_time_s", "updates", "samples",
                 "pushes_accepted", "pushes_rejected", "pushes_dropped", "protocol", "ps_shards", "framework", "device",
@@ -184,8 +184,8 @@ def test_repeated_group_ctrl_c_during_start_up_stops_all_quietly(tmp_path, proce
 def test_stop_all_is_bounded_when_a_child_cannot_be_reaped(tmp_path):
     """A KeyboardInterrupt inside ``Popen.poll`` used to leave its waitpid lock held, and ``stop_all`` then
     waited on it forever (py-spy: ``Popen._wait`` under ``stop_all``). Holding that lock models the state."""
-    from switchps.backends import Child
-    from switchps.launcher import stop_all
+    from switchps.launch.backends import Child
+    from switchps.launch.launcher import stop_all
 
     proc = subprocess.Popen(["sleep", "60"])
     proc._waitpid_lock.acquire()
@@ -202,8 +202,8 @@ def test_stop_all_is_bounded_when_a_child_cannot_be_reaped(tmp_path):
 
 def test_sigint_while_polling_children_raises_only_at_a_check(tmp_path):
     """SIGINT storms while the launcher polls: the only KeyboardInterrupt is the deferred one."""
-    from switchps.backends import Child
-    from switchps.launcher import check, sigint_as_flag, stop_all
+    from switchps.launch.backends import Child
+    from switchps.launch.launcher import check, sigint_as_flag, stop_all
 
     child = Child("sleep", subprocess.Popen(["sleep", "60"]), tmp_path / "sleep.log")
     done = threading.Event()

@@ -9,12 +9,11 @@ import os
 import re
 import subprocess
 import sys
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 from switchps import names
 from switchps.ps_server.optimizers import OPTIMIZERS
-from switchps.ps_server.protocols import PROTOCOLS
+from switchps.ps_server.core.protocols import PROTOCOLS
 from switchps.ps_server.schedules import SCHEDULES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,11 +98,19 @@ def read_layers() -> tuple[list[tuple[str, list[str]]], dict[str, set[str]]]:
     return layers, reach
 
 
+def matches(path: str, pattern: str) -> bool:
+    """``*`` stands for one name of a path (a module in that folder), ``**/`` for any folders."""
+    one = ["[^/]*".join(re.escape(part) for part in deep.split("*")) for deep in pattern.split("**/")]
+    return re.fullmatch("(?:[^/]+/)*".join(one), path) is not None
+
+
 def layer_of(modules: dict[str, Path], layers: list[tuple[str, list[str]]]) -> dict[str, str | None]:
-    """Each module's layer: the first row with a pattern matching its path (without .py), or None."""
+    """Each module's layer: the row of the most specific pattern matching its path (without .py): a name
+    before a folder's ``*``, a deeper folder before the folder above it; a package's ``__init__`` is shared."""
     paths = {name: str(path.relative_to(ROOT).with_suffix("")) for name, path in modules.items()}
-    return {name: next((layer for layer, patterns in layers if any(fnmatchcase(p, pat) for pat in patterns)), None)
-            for name, p in paths.items()}
+    ranked = sorted(((("*" not in pat.rsplit("/", 1)[-1], len(pat)), pat, layer) for layer, patterns in layers for pat in patterns),
+                    reverse=True)
+    return {name: next((layer for _, pat, layer in ranked if matches(p, pat)), None) for name, p in paths.items()}
 
 
 def cycles(graph: Graph) -> list[frozenset[str]]:

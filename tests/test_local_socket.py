@@ -1,4 +1,4 @@
-"""Pushes through the PS's Unix socket (``ps_server/local_pushes.py``), from a worker attached through a
+"""Pushes through the PS's Unix socket (``ps_server/rpc/local_pushes.py``), from a worker attached through a
 shared-memory segment whose descriptor came with its first frame: applied whole through a real loopback
 PS, and hostile frames and segments refused, counted and ending the connection where they break the
 format, changing nothing."""
@@ -15,13 +15,13 @@ import grpc
 import numpy as np
 import pytest
 
-from switchps import auth
-from switchps.channels import ServerSecurity
+from switchps.security import auth
+from switchps.security.channels import ServerSecurity
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import encode
 from switchps.protos.local_socket import LENGTH, MAX_FRAME, answer, frame, status
 from switchps.protos.segment import Segment, available
-from switchps.ps_server import local_pushes
+from switchps.ps_server.rpc import local_pushes
 from switchps.worker.client import PSClient
 from switchps.worker.local_line import LocalRpcError
 

@@ -91,7 +91,7 @@ def test_tensorflow_reads_the_event_files_and_their_checksums(tmp_path):
 
 
 def test_the_ps_writes_tensorboard_without_importing_tensorflow():
-    code = ("import sys; import switchps.ps_server.main, switchps.ps_server.tensorboard; "
+    code = ("import sys; import switchps.ps_server.rpc.main, switchps.ps_server.tensorboard; "
             "assert 'tensorflow' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -138,8 +138,8 @@ def test_hosts_are_the_distinct_hosts_in_whole_rows_and_older_rows_without_one_s
 
 
 def test_status_reads_a_live_ps_and_its_run_directory(cluster_factory):
-    from switchps.runrecord import console
-    from switchps.status import status_table
+    from switchps.runs.record import console
+    from switchps.runs.status import status_table
 
     c = cluster_factory(workers=2, size=2, protocol={"name": "asp"})
     c.workers[0].push(np.ones(2, G), 1)

@@ -18,7 +18,9 @@ import switchps
 
 ROOT = Path(__file__).resolve().parent.parent
 PS = ROOT / "switchps" / "ps_server"
-SUBPACKAGES = ("ps_server", "worker", "protos", "policies", "configs")
+SUBPACKAGES = ("ps_server", "worker", "protos", "policies", "examples")  # linked from the top level
+PACKAGES = sorted(str(p.parent.relative_to(ROOT / "switchps")) for p in (ROOT / "switchps").rglob("__init__.py")
+                  if p.parent != ROOT / "switchps")
 
 
 def _own_imports(path: Path) -> list[str]:
@@ -60,7 +62,8 @@ def test_version_is_one_string_everywhere():
 @pytest.mark.integration
 def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
     src = tmp_path / "src"  # a copy, so the build leaves nothing in the checkout
-    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(".git", "runs", "build", "*.egg-info"))
+    shutil.copytree(ROOT, src, symlinks=True, ignore=lambda folder, names: [  # runs/ at the top holds run dirs
+        n for n in names if n in (".git", "build") or n.endswith(".egg-info") or (folder, n) == (str(ROOT), "runs")])
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
                    check=True, capture_output=True, timeout=600)
     (wheel,) = tmp_path.glob("switchps-*.whl")
@@ -68,7 +71,7 @@ def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
         infos = {i.filename: i for i in z.infolist()}
         links = [n for n, i in infos.items() if stat.S_ISLNK(i.external_attr >> 16)]
         assert links == []
-        for sub in SUBPACKAGES:
+        for sub in PACKAGES:
             on_disk = sorted(p.name for p in (ROOT / "switchps" / sub).iterdir()
                              if p.suffix in (".py", ".pyi", ".yaml", ".proto") and p.is_file())
             prefix = f"switchps/{sub}/"
@@ -76,14 +79,14 @@ def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
             assert in_wheel == on_disk, sub
             assert all(infos[f"switchps/{sub}/{name}"].file_size > 0 or name == "__init__.py" for name in on_disk)
         for folder in ("studies", "slurm", "k8s"):  # the example configs ship with the package
-            shipped = sorted(p.name for p in (ROOT / "switchps" / "configs" / folder).iterdir() if p.is_file())
-            assert shipped and all(infos[f"switchps/configs/{folder}/{name}"].file_size > 0 for name in shipped), folder
+            shipped = sorted(p.name for p in (ROOT / "switchps" / "examples" / folder).iterdir() if p.is_file())
+            assert shipped and all(infos[f"switchps/examples/{folder}/{name}"].file_size > 0 for name in shipped), folder
 
 
 def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
     for path in PS.glob("*.py"):
         assert not [m for m in _own_imports(path) if m.startswith("switchps.worker")], path.name
-    probe = ("import sys, switchps.ps_server.main; from switchps.config import load_config; "
+    probe = ("import sys, switchps.ps_server.rpc.main; from switchps.config.run import load_config; "
              "from switchps.checks import PREFLIGHT; load_config(None, ['security.insecure=true'], role='ps', "
              "checks=PREFLIGHT); print('tensorflow' in sys.modules or 'keras' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
@@ -99,4 +102,4 @@ def test_the_protocol_core_has_no_io_and_no_threads():
         third = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         third |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not third & {"grpc", "threading", "asyncio", "socket", "time", "concurrent"}, (name, third)
-        assert "switchps.ps_server.service" not in imports and "switchps.ps_server.model" not in imports
+        assert "switchps.ps_server.rpc.service" not in imports and "switchps.ps_server.model" not in imports

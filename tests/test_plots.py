@@ -1,4 +1,4 @@
-"""Tests for switchps.plots on synthetic run directories."""
+"""Tests for switchps.runs.plots on synthetic run directories."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from switchps.compare import RunResult, compare_runs, comparison, load_result, time_to_target
-from switchps.plots import DPI, PLOT_FILES, plot_run, run_figures
-from switchps.runrecord import Run, read_csv
+from switchps.runs.compare import RunResult, compare_runs, comparison, load_result, time_to_target
+from switchps.runs.plots import DPI, PLOT_FILES, plot_run, run_figures
+from switchps.runs.record import Run, read_csv
 
 from test_launch import SWITCHPS
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from switchps.checks import PREFLIGHT
-from switchps.config import ConfigError, parse_config
+from switchps.config.run import ConfigError, parse_config
 from switchps.policies.base import ClusterView
 from switchps.policies.registry import make_policy
 from switchps.policies.schedule import Schedule

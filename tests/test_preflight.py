@@ -15,11 +15,11 @@ import pytest
 import yaml
 from cryptography import x509
 
-import switchps.launcher
-from switchps.certs import CLIENT_NAME, CLIENT_SAN, Issued, issue, make_ca
+import switchps.launch.launcher
+from switchps.security.certs import CLIENT_NAME, CLIENT_SAN, Issued, issue, make_ca
 from switchps.cli import main
-from switchps.config import RunConfig
-from switchps.resume_rules import ALLOWED, REFUSED
+from switchps.config.run import RunConfig
+from switchps.ps_server.resume_rules import ALLOWED, REFUSED
 
 from test_config_errors import PREFIX, _check
 from test_launch import SWITCHPS
@@ -124,7 +124,7 @@ def test_a_server_certificate_that_names_the_host_passes_in_any_case(tmp_path, m
     _config(tmp_path, ps)
     monkeypatch.chdir(tmp_path)
     launched: list[RunConfig] = []
-    monkeypatch.setattr(switchps.launcher, "launch", lambda cfg, **kw: launched.append(cfg) or (tmp_path, {}))
+    monkeypatch.setattr(switchps.launch.launcher, "launch", lambda cfg, **kw: launched.append(cfg) or (tmp_path, {}))
     assert main(["run", "cfg.yaml"]) == 0 and len(launched) == 1
 
 
@@ -182,7 +182,7 @@ def test_the_checkpoint_s_own_config_counts_when_the_run_s_config_yaml_was_edite
 
 def test_a_resume_may_change_how_the_run_is_driven(run_dir, monkeypatch):
     launched: list[dict[str, Any]] = []
-    monkeypatch.setattr(switchps.launcher, "launch",
+    monkeypatch.setattr(switchps.launch.launcher, "launch",
                         lambda cfg, **kw: launched.append({"cfg": cfg, **kw}) or (run_dir, {}))
     sets = ["protocol.name=ssp", "policy={name: greedy, kwargs: {bsp_fraction: 0.5}}", "train.steps=50", "optimizer.learning_rate=0.5",
             "checkpoint.every_updates=7", "cluster.workers=['a:1', 'b:2']", "stragglers.slowdown={factors: {0: 2.0}}",

@@ -19,7 +19,7 @@ import yaml
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install \"switchps[ray]\")")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from switchps.ray_backend import NAMESPACE, actor_name  # noqa: E402
+from switchps.launch.ray_backend import NAMESPACE, actor_name  # noqa: E402
 from test_launch import SWITCHPS, check_run_dir, rows  # noqa: E402
 
 pytestmark = pytest.mark.integration

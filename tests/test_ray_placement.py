@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from switchps.ray_config import RaySpec
-from switchps.ray_placement import bundles, listed, misfit, unplaceable
+from switchps.config.ray_cluster import RaySpec
+from switchps.config.ray_placement import bundles, listed, misfit, unplaceable
 
 ROLES = ["ps", "evaluator", *(f"worker-{i}" for i in range(4))]
 TWO_CPUS = [{"CPU": 2.0, "memory": 8e9, "node:127.0.0.1": 1.0}]

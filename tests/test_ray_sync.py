@@ -1,4 +1,4 @@
-"""The driver's run directory kept from roles' node-local stages (``switchps.ray_sync``), without Ray:
+"""The driver's run directory kept from roles' node-local stages (``switchps.launch.ray_sync``), without Ray:
 two directories, a role writing into one the way switchps's roles write, batches applied to the other."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from switchps.ray_sync import Batch, Change, Mirror, Stage, staged
+from switchps.launch.ray_sync import Batch, Change, Mirror, Stage, staged
 
 
 def driver_dir(tmp_path: Path) -> Mirror:

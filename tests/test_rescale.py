@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from switchps.config import ProtocolSpec, SwitchSpec
-from switchps.ps_server.protocols import Batches, SyncProtocol, make_protocol
-from switchps.ps_server.rescale import lr_scale, momentum_in_force
+from switchps.config.run import ProtocolSpec, SwitchSpec
+from switchps.ps_server.core.protocols import Batches, SyncProtocol, make_protocol
+from switchps.ps_server.core.rescale import lr_scale, momentum_in_force
 
 
 def proto(name: str, **fields) -> SyncProtocol:

@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 from cluster import LiveCluster, start_cluster
-from switchps.config import parse_config
+from switchps.config.run import parse_config
 from switchps.errors import RunDirError
 from switchps.ps_server import checkpoint
-from switchps.ps_server.main import prepare_run_dir
+from switchps.ps_server.rpc.main import prepare_run_dir
 
 from test_launch import CONFIGS, SWITCHPS, check_run_dir, rows
 from test_outputs import score_in_plain_python

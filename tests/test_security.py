@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from switchps import auth
-from switchps.certs import Issued, issue, make_ca
-from switchps.channels import ClientSecurity, ServerSecurity
+from switchps.security import auth
+from switchps.security.certs import Issued, issue, make_ca
+from switchps.security.channels import ClientSecurity, ServerSecurity
 from switchps.protos import switchps_pb2 as pb
-from switchps.security_config import TLSSpec
+from switchps.config.security import TLSSpec
 from switchps.worker.client import PSClient
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
@@ -209,8 +209,8 @@ def test_tokens_name_one_identity():
 
 
 def test_security_config_problems_name_their_fields_for_each_role(tmp_path, monkeypatch):
-    from switchps.schema import Role
-    from switchps.config import ConfigError, parse_config
+    from switchps.config.schema import Role
+    from switchps.config.run import ConfigError, parse_config
 
     def problems(security: dict, role: Role) -> list[str]:
         with pytest.raises(ConfigError) as e:
@@ -246,8 +246,8 @@ def test_a_role_refused_by_the_ps_exits_1_in_one_line(secure, tmp_path, capsys, 
     cfg.write_text(f"cluster: {{ps: '{secure.address}', workers: 2}}\nsecurity: {{secret_file: {wrong}}}\n")
 
     def evaluator(args) -> int:  # the evaluator's first call, without loading TensorFlow
-        from switchps.channels import client_security
-        from switchps.config import load_config
+        from switchps.security.channels import client_security
+        from switchps.config.run import load_config
 
         c = load_config(args.config, role="evaluator")
         PSClient(c.cluster.shards[0], timeout_s=10, security=client_security(c, "evaluator")).status()
@@ -262,8 +262,8 @@ def test_a_role_refused_by_the_ps_exits_1_in_one_line(secure, tmp_path, capsys, 
 
 
 def test_status_of_a_secured_ps_uses_the_run_directory_secret(secure, tmp_path):
-    from switchps.runrecord import console
-    from switchps.status import status_table
+    from switchps.runs.record import console
+    from switchps.runs.status import status_table
 
     secret = tmp_path / "run-secret"
     secret.write_bytes(SECRET)

@@ -13,8 +13,8 @@ import grpc
 import psutil
 import pytest
 
-from switchps import auth
-from switchps.channels import ClientSecurity
+from switchps.security import auth
+from switchps.security.channels import ClientSecurity
 from switchps.address import free_port
 from switchps.worker.client import PSClient, wait_for_ps
 

@@ -18,7 +18,7 @@ import pytest
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import ALIGN, COPIES
 from switchps.protos.segment import HEADER, NONCE_BYTES, SEALS, Segment, available, file_bytes, sealed_nonce
-from switchps.ps_server.attachments import Attachments
+from switchps.ps_server.rpc.attachments import Attachments
 from switchps.refusals import Rejected
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback

@@ -14,12 +14,12 @@ import grpc
 import numpy as np
 import pytest
 
-from switchps import auth
-from switchps.channels import ClientSecurity
+from switchps.security import auth
+from switchps.security.channels import ClientSecurity
 from switchps.errors import ShardLost
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.main import build_ps, prepare_run_dir
-from switchps.ps_server.server import Server
+from switchps.ps_server.rpc.main import build_ps, prepare_run_dir
+from switchps.ps_server.rpc.server import Server
 from switchps.worker.client import PSClient
 from test_sharded import SECRET, Sharded, config, grads, make, push  # noqa: F401 (make: a fixture)
 

@@ -13,19 +13,19 @@ import grpc
 import numpy as np
 import pytest
 
-from switchps import auth
-from switchps.certs import write_dir
-from switchps.channels import ClientSecurity, ServerSecurity
-from switchps.config import parse_config
+from switchps.security import auth
+from switchps.security.certs import write_dir
+from switchps.security.channels import ClientSecurity, ServerSecurity
+from switchps.config.run import parse_config
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import make_layout
-from switchps.security_config import TLSSpec
-from switchps.ps_server.follower import Follower
-from switchps.ps_server.main import build_ps, prepare_run_dir
+from switchps.config.security import TLSSpec
+from switchps.ps_server.shard.follower import Follower
+from switchps.ps_server.rpc.main import build_ps, prepare_run_dir
 from switchps.ps_server.model import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
-from switchps.ps_server.server import Server
-from switchps.ps_server.service import ParameterServer
+from switchps.ps_server.rpc.server import Server
+from switchps.ps_server.rpc.service import ParameterServer
 from switchps.worker.client import PSClient
 from switchps.worker.sharded import ShardedClient, connect
 

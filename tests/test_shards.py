@@ -1,4 +1,4 @@
-"""Shard 0's bookkeeping (``switchps.ps_server.shards.Leader``) without sockets: verdicts and the action log."""
+"""Shard 0's bookkeeping (``switchps.ps_server.shard.followers.Leader``) without sockets: verdicts and the action log."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.events import (
+from switchps.ps_server.core.events import (
     Aggregate, Apply, Join, Outcome, Push, Record, Release, SetOptimizer, WorkOrder,
 )
-from switchps.ps_server.shards import Leader, part_key
+from switchps.ps_server.shard.followers import Leader, part_key
 from switchps.refusals import Rejected
 
 KEY = (3, 11, 5, 99)

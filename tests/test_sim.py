@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from switchps.config import RunConfig, parse_config
+from switchps.config.run import RunConfig, parse_config
 from switchps.problems import ConfigError
 from switchps.sim import driver
 from switchps.sim.run import simulate
@@ -131,7 +131,7 @@ def test_a_recorded_straggler_trace_replays_the_same_run(tmp_path: Path) -> None
 
 
 def test_time_only_never_imports_tensorflow(tmp_path: Path) -> None:
-    probe = ("import sys; from pathlib import Path; from switchps.config import parse_config; "
+    probe = ("import sys; from pathlib import Path; from switchps.config.run import parse_config; "
              "from switchps.sim.run import simulate; "
              "cfg = parse_config({'cluster': {'workers': 2}, 'train': {'steps': 3}, 'device': {'samples_per_s': 50}}); "
              f"simulate(cfg, Path({str(tmp_path / 'r')!r}), time_only=True); "
@@ -241,9 +241,9 @@ def test_real_gradients_train_the_model(trained: tuple[Path, dict[str, Any]]) ->
 
 
 def test_plot_compare_and_status_read_a_simulated_run(trained: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    from switchps.compare import compare_runs
-    from switchps.plots import plot_run
-    from switchps.status import status_table
+    from switchps.runs.compare import compare_runs
+    from switchps.runs.plots import plot_run
+    from switchps.runs.status import status_table
 
     run, s = trained
     assert plot_run(run, tmp_path / "plots")
@@ -257,7 +257,7 @@ def test_plot_compare_and_status_read_a_simulated_run(trained: tuple[Path, dict[
 def test_a_rounds_gradient_is_the_sum_of_its_workers_gradients() -> None:
     from switchps.sim.gradients import Real
     from switchps.sim.workers import SimWorker
-    from switchps.ps_server.events import WorkOrder
+    from switchps.ps_server.core.events import WorkOrder
     from switchps.worker.setup import prepare
 
     cfg = config(model={"name": "mlp", "kwargs": {"hidden": [16]}}, protocol={"batch": 24, "micro_batch": 8})

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import pytest
 
-from switchps.config import RunConfig, parse_config
-from switchps.launcher import launch
+from switchps.config.run import RunConfig, parse_config
+from switchps.launch.launcher import launch
 from switchps.sim.run import simulate
 
 pytestmark = pytest.mark.integration

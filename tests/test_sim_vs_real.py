@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from switchps.runrecord import read_csv
+from switchps.runs.record import read_csv
 from switchps.straggler_trace import load_trace
 
 from test_launch import SWITCHPS

@@ -1,4 +1,4 @@
-"""`switchps role` from the command line, and configs/slurm/train.sbatch on a real SLURM cluster.
+"""`switchps role` from the command line, and examples/slurm/train.sbatch on a real SLURM cluster.
 
 The integration test needs a running cluster (`bash scripts/slurm-localhost.sh up`, as root); it never
 starts one itself: it skips, saying why, when there is none, and fails under ``CI``, whose `.ci/run` starts one."""
@@ -23,8 +23,8 @@ from slurm_local import slurm_env
 pytest_plugins = ["slurm_local"]  # slurm_cluster: a running SLURM, or a skip (a failure under CI)
 
 ROOT = Path(__file__).resolve().parent.parent
-SBATCH = ROOT / "configs" / "slurm" / "train.sbatch"
-CONFIG = ROOT / "configs" / "slurm" / "train.yaml"
+SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
+CONFIG = ROOT / "examples" / "slurm" / "train.yaml"
 BIN = Path(sys.executable).parent
 SWITCHPS = str(BIN / "switchps")
 CLUSTER_ENV = ("SLURM_", "SWITCHPS_ROLE", "SWITCHPS_PS_HOST", "JOB_COMPLETION_INDEX", "TF_CONFIG")

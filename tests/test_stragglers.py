@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from switchps.config import ConfigError, parse_config
+from switchps.config.run import ConfigError, parse_config
 from switchps.step_random import StepRandom, Stream
 from switchps.straggler_trace import TRACE_COLUMNS, StepDelays, load_trace
-from switchps.straggler_config import (
+from switchps.config.stragglers import (
     CommDelaySpec, MixtureSpec, ShiftedExponentialSpec, SlowdownSpec, StragglerSpec, TransientSpec,
     expected_mixture_mean,
 )

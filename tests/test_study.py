@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from switchps.config import ConfigError
+from switchps.config.run import ConfigError
 from switchps.straggler_trace import load_trace
 from switchps.studies import runner
 from switchps.studies.metrics import run_metrics

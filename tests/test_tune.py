@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from switchps.config import load_config
-from switchps.tune import hybrid_config, search_fraction, tune_switch
+from switchps.config.run import load_config
+from switchps.runs.tune import hybrid_config, search_fraction, tune_switch
 
 
 def scripted(accuracy_by_fraction: dict[float, float]):
@@ -55,7 +55,7 @@ def test_hybrid_config_is_bsp_then_asp():
 def test_real_two_trial_search(tmp_path):
     """A tolerance of 1 (all of accuracy's range) keeps any hybrid: the search must choose 0.5, whatever
     accuracies the two runs reach, and report the ones they did."""
-    cfg = load_config(Path(str(files("switchps.configs"))) / "bsp.yaml",
+    cfg = load_config(Path(str(files("switchps.examples"))) / "bsp.yaml",
                       [f"output.dir={tmp_path}", "train.epochs=6", "cluster.workers=2"])
     result = tune_switch(cfg, tolerance=1.0, repeats=1, min_fraction=0.5)
     out = tmp_path / "tune-switch-bsp"

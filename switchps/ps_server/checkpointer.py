@@ -33,7 +33,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from switchps.config import CheckpointSpec
+from switchps.config.run import CheckpointSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
 from switchps.ps_server.optimizers import Optimizer
@@ -201,7 +201,7 @@ class Checkpointer:
     def __init__(self, directory: Path, spec: CheckpointSpec, now: float, config: dict[str, Any],
                  parts: Parts) -> None:
         """``config``: the run config as plain data, saved in each checkpoint so that a resume can refuse
-        a config that changes what the checkpoint was made with (``switchps.resume_rules``). ``parts``:
+        a config that changes what the checkpoint was made with (``switchps.ps_server.resume_rules``). ``parts``:
         what each checkpoint saves."""
         self.directory, self.spec, self.config, self.parts = directory, spec, config, parts
         self.stats = CheckpointStats()

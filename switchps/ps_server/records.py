@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from switchps.jsonfile import dumps, write_json
-from switchps.ps_server.events import Apply, StepReport
+from switchps.ps_server.core.events import Apply, StepReport
 from switchps.ps_server.tensorboard import TensorBoard
 from switchps.straggler_trace import TRACE_FILE_COLUMNS
 

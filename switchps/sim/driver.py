@@ -17,9 +17,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
 
-from switchps.config import RunConfig
+from switchps.config.run import RunConfig
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.events import (
+from switchps.ps_server.core.events import (
     Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
 )
 from switchps.ps_server.link import DuplexLink

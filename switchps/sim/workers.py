@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from switchps.config import RunConfig
-from switchps.ps_server.events import StepReport, WorkOrder
+from switchps.config.run import RunConfig
+from switchps.ps_server.core.events import StepReport, WorkOrder
 from switchps.sim.loop import WorkerClock
 from switchps.straggler_trace import StepDelays
 from switchps.worker.data import share, share_size

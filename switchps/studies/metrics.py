@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from switchps.runrecord import read_csv
+from switchps.runs.record import read_csv
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numpy as np
 from rich.table import Table
 
 from switchps.jsonfile import write_json
-from switchps.runrecord import console, read_csv
+from switchps.runs.record import console, read_csv
 from switchps.studies.metrics import Accuracy, final_accuracy, run_metrics
 from switchps.studies.spec import METRICS, RATIO_METRICS, StudySpec
 from switchps.studies.stats import Estimate, RatioEstimate, estimate, paired_difference, paired_ratio

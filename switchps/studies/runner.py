@@ -18,9 +18,9 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Iterator
 
-from switchps.config import RunConfig
+from switchps.config.run import RunConfig
 from switchps.jsonfile import dumps
-from switchps.launcher import launch
+from switchps.launch.launcher import launch
 from switchps.problems import ConfigError
 from switchps.studies.report import report
 from switchps.studies.spec import StudySpec
@@ -30,8 +30,8 @@ PACKAGED = ("amb-vs-fmb", "dynamic-batching", "scale", "sync-switch", "switch-co
 
 
 def packaged(name: str) -> Path:
-    """The study file shipped as ``name`` (configs/studies/<name>.yaml)."""
-    return Path(str(files("switchps.configs") / "studies" / f"{name}.yaml"))
+    """The study file shipped as ``name`` (examples/studies/<name>.yaml)."""
+    return Path(str(files("switchps.examples") / "studies" / f"{name}.yaml"))
 
 
 def run_study(spec: StudySpec, out: Path, quiet: bool = True) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 ```yaml
 study: amb-vs-fmb
-base: {...}                  # a run config, as in configs/*.yaml
+base: {...}                  # a run config, as in examples/*.yaml
 arms:                        # run in this order in every repeat; the first records the straggler trace
   fmb: {protocol.name: fmb}  # overrides of the base, with the keys of --set
   amb: {protocol.name: amb, protocol.time_budget_s: 1.6}
@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from switchps.checks import PREFLIGHT
-from switchps.config import ConfigError, RunConfig, Section, parse_config
+from switchps.config.run import ConfigError, RunConfig, Section, parse_config
 from switchps.problems import describe
 from switchps.yamlfile import apply_override, read_yaml
 

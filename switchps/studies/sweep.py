@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from switchps.jsonfile import write_json
-from switchps.runrecord import console
+from switchps.runs.record import console
 from switchps.studies.spec import METRICS, StudySpec
 from switchps.studies.stats import Estimate
 

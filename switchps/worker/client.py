@@ -17,8 +17,8 @@ from typing import TypeVar
 import grpc
 import numpy as np
 
-from switchps.auth import METADATA_KEY
-from switchps.channels import ClientSecurity
+from switchps.security.auth import METADATA_KEY
+from switchps.security.channels import ClientSecurity
 from switchps.errors import PSUnreachable
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from switchps.config import RunConfig
+from switchps.config.run import RunConfig
 from switchps.names import DATASETS
 
 _FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",

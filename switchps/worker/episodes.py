@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from switchps.step_random import Stream
-from switchps.straggler_config import TransientSpec
+from switchps.config.stragglers import TransientSpec
 
 Episode = tuple[float, float, tuple[int, ...]]
 """(start_s, end_s, the workers it slows)."""

@@ -17,8 +17,8 @@ import grpc
 import keras
 import numpy as np
 
-from switchps.channels import client_security
-from switchps.config import RunConfig
+from switchps.security.channels import client_security
+from switchps.config.run import RunConfig
 from switchps.worker.client import PSClient, Reconnect
 from switchps.worker.data import Dataset
 from switchps.worker.setup import prepare

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import secrets
 
-from switchps.channels import client_security
-from switchps.config import RunConfig
+from switchps.security.channels import client_security
+from switchps.config.run import RunConfig
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.worker.client import Reconnect

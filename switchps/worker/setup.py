@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from switchps.config import RunConfig
+from switchps.config.run import RunConfig
 from switchps.worker.data import Dataset, configured_dataset
 from switchps.worker.models import build_model
 

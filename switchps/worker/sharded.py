@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from switchps.channels import ClientSecurity
+from switchps.security.channels import ClientSecurity
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.partition import of_layout, part_layout
 from switchps.worker.client import PSClient, Reply

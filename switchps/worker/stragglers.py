@@ -14,7 +14,7 @@ Everything here is pure and seeded; the worker loop does the sleeping. Five kind
 * ``comm_delay``: a delay before each push (tc-netem style network latency).
 
 A run can instead replay an earlier run's ``stragglers.csv`` exactly (``trace``); the specs are in
-``switchps.straggler_config``, the trace format in ``switchps.straggler_trace``.
+``switchps.config.stragglers``, the trace format in ``switchps.straggler_trace``.
 
 Randomness: every kind has its own stream, and a step's draws are a pure function of (seed, worker,
 stream, step) (``switchps.step_random``), so enabling one kind never changes another's draws.
@@ -26,7 +26,7 @@ import numpy as np
 
 from switchps.step_random import StepRandom, Stream
 from switchps.straggler_trace import StepDelays, load_trace
-from switchps.straggler_config import StragglerSpec
+from switchps.config.stragglers import StragglerSpec
 from switchps.worker.episodes import Episode, shared as shared_episodes
 
 

@@ -16,8 +16,8 @@ from statistics import median
 from typing import Any
 
 from switchps.policies.base import ClusterView, Decision, Policy, WorkerStats
-from switchps.ps_server.events import Batches, Budget, Membership, Push, Record, StepReport
-from switchps.ps_server.protocols import SyncProtocol
+from switchps.ps_server.core.events import Batches, Budget, Membership, Push, Record, StepReport
+from switchps.ps_server.core.protocols import SyncProtocol
 
 
 Step = tuple[float, float, int, float]

@@ -28,10 +28,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from switchps.config import TrainSpec
+from switchps.config.run import TrainSpec
 from switchps.policies.base import Decision
-from switchps.ps_server.events import Membership, Push, Record, StepReport, WorkOrder, absolute, relative
-from switchps.ps_server.protocols import SyncProtocol
+from switchps.ps_server.core.events import Membership, Push, Record, StepReport, WorkOrder, absolute, relative
+from switchps.ps_server.core.protocols import SyncProtocol
 from switchps.refusals import invalid, precondition
 
 MAX_PARTITION_SIZE = 2**40

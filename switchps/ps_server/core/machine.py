@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from switchps.config import ProtocolSpec, SwitchSpec, TrainSpec
+from switchps.config.run import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server.core.consulting import Consulting
 from switchps.ps_server.core.lifecycle import Lifecycle, Orders, Receipts
 from switchps.ps_server.core.switching import Pending, Switching
-from switchps.ps_server.events import (
+from switchps.ps_server.core.events import (
     Action, Count, Effect, Free, Join, Membership, Outcome, Push, Record, Release, StepReport, WorkOrder,
 )
 

@@ -16,12 +16,12 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from switchps.config import ProtocolSpec, SwitchSpec
+from switchps.config.run import ProtocolSpec, SwitchSpec
 from switchps.policies.base import Decision
-from switchps.ps_server.events import Action, Apply, Batches, Effect, Membership, Record, SetOptimizer, Update
-from switchps.ps_server.overhead import SwitchRecord
-from switchps.ps_server.protocols import PROTOCOLS, make_protocol
-from switchps.ps_server.rescale import ramp, rescaled, restore_factor
+from switchps.ps_server.core.events import Action, Apply, Batches, Effect, Membership, Record, SetOptimizer, Update
+from switchps.ps_server.core.overhead import SwitchRecord
+from switchps.ps_server.core.protocols import PROTOCOLS, make_protocol
+from switchps.ps_server.core.rescale import ramp, rescaled, restore_factor
 
 
 class Pending(NamedTuple):

@@ -1,1 +1,0 @@
-"""switchps.configs"""

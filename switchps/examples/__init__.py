@@ -1,0 +1,1 @@
+"""switchps.examples"""

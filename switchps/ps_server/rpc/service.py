@@ -1,0 +1,411 @@
+"""The gRPC face of the parameter server: one driver of the protocol core, on grpc.aio.
+
+Tensor RPCs (Push, Pull, Init) use raw frames (see ``switchps.protos.codec``) through generic handlers, so
+payload bytes never pass through protobuf. Control RPCs (Register, Status, Eval) are plain protobuf.
+
+A push: read and check its frames, hand it to the ``Core`` with the time, execute the actions it
+returns in order (apply an update through the ``ModelStore``, release held replies, record), and await
+this push's own release; the reply streams the version's chunks as the applier publishes them, or, for
+a model updated inline (``model.py``), is copied straight from its values. Between events, a due
+checkpoint is taken (``checkpointer``).
+
+Concurrency: every handler, the core and the link emulation run on one asyncio event loop
+(``server.Server`` gives it a thread of its own), so none of them needs a lock, and a stream that sends
+nothing holds no thread: it cannot starve the health service or other RPCs, and is cut after
+``receive_timeout_s``. Other threads (the store's applier, the only writer of the parameters, which a
+small model's updates skip: ``model.py``; the recorder's flusher; the checkpoint writer) are reached
+only through their own locks and queues, and learn of progress through threading events.
+
+Hostile input: a push is read to the end of its stream and validated before it reaches the core, and
+then applied whole or not at all. Every rejection gets an error status, a log line and a count. A worker
+holds at most two payloads at once (``receiving.Slots``), so its streams never hold another worker's pushes off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import NoReturn
+
+import grpc
+import numpy as np
+from prometheus_client import Gauge
+
+from switchps.protos import switchps_pb2 as pb
+from switchps.protos.codec import (PayloadWriter, aencode, decode, encode, fill, first_frame, joined, parse,
+                                   whole_frame)
+from switchps.protos.layout import layout_size
+from switchps.protos.segment import Segment
+from switchps.ps_server.rpc.attachments import Attachments, write_values
+from switchps.ps_server.checkpointer import Checkpointer
+from switchps.ps_server.core.machine import Core
+from switchps.ps_server.rpc.guard import Guard, as_worker
+from switchps.ps_server.core.events import (Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer,
+                                       StepReport, WorkOrder)
+from switchps.ps_server.link import DuplexLink
+from switchps.ps_server.model import ModelStore, Snapshot
+from switchps.ps_server.records import RunRecorder
+from switchps.ps_server.rejections import PUSHES, RejectionCounter, refuse
+from switchps.ps_server.optimizers import adjust_optimizer
+from switchps.ps_server.validate import check_eval, check_grad_norm, check_layout
+from switchps.refusals import Rejected, invalid, precondition
+
+SERVICE = "switchps.ParameterServer"
+VERSION = Gauge("switchps_model_version", "Current model version")
+PUSH_STREAMS = Gauge("switchps_push_streams", "Push streams open on the PS: being read or awaiting their reply")
+
+
+class ParameterServer:
+    """Implements the RPCs by driving a ``Core``; see the module docstring for who runs where."""
+
+    def __init__(self, core: Core, store: ModelStore, rec: RunRecorder, link: DuplexLink | None = None,
+                 receive_timeout_s: float = 30.0, max_model_bytes: int = 2**33,
+                 clock: Callable[[], float] = time.monotonic, max_grad_norm: float | None = None) -> None:
+        self.core, self.store, self.rec, self.link, self.clock = core, store, rec, link, clock
+        self.receive_timeout_s, self.max_model_bytes = receive_timeout_s, max_model_bytes
+        self.max_grad_norm = max_grad_norm  # ``runtime.max_grad_norm``: a push's bound per sample (``validate``)
+        self.told_stop: set[int] = set()
+        self.last_eval: pb.EvalReport | None = None
+        self.final_eval: pb.EvalReport | None = None
+        self.started, self.finished = threading.Event(), threading.Event()
+        self.final_evaluated, self.all_told_stop = threading.Event(), threading.Event()
+        self.layout: pb.Layout | None = None  # adopted from the first Register (or a checkpoint)
+        self._ids = itertools.count()
+        self._held: dict[int, asyncio.Future[tuple[Release, Snapshot]]] = {}
+        self._grads: dict[int, np.ndarray] = {}  # push id -> its gradient buffer, until the core joins or frees it
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._started_async: asyncio.Event | None = None
+        self.count_rejection = RejectionCounter(rec, lambda: self.core.version, clock).count
+        self.segments = Attachments()
+        self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
+        self._checkpoint_soon = False
+        self.guard: Guard | None = None  # set by ``server.Server`` when the PS has a secret
+
+    # ---- driving the core -----------------------------------------------------------------------
+
+    def _execute(self, actions: list[Action]) -> None:
+        """Carry out the core's actions in order, then note what changed and re-arm its timer."""
+        for a in actions:
+            if isinstance(a, Join):
+                self.store.join(a.aggregate_id, self._grads.pop(a.push_id))
+            elif isinstance(a, Free):
+                self.store.recycle(self._grads.pop(a.push_id))
+            elif isinstance(a, Apply):
+                self._apply(a)
+            elif isinstance(a, Release):
+                fut = self._held.pop(a.push_id, None)
+                if fut is not None and not fut.done():  # a cancelled pusher is no longer listening
+                    fut.set_result((a, self.store.snapshot()))
+            elif isinstance(a, SetOptimizer):
+                self.store.control(partial(adjust_optimizer, lr_scale=a.lr_scale, state=a.state,
+                                           state_scale=a.state_scale, momentum=a.momentum))
+            elif isinstance(a, Record):
+                self.rec.event(a.event, **a.fields)
+            elif isinstance(a, Count):
+                self.rec.count(a.what, a.reason)
+        self._note_progress()
+
+    def _apply(self, a: Apply) -> None:
+        agg = a.aggregate
+        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor,
+                                 on_applied=partial(self.rec.update, a))
+        assert snap.version == a.version, "the store and the core count versions alike"
+        VERSION.set(a.version)
+
+    def on_serving(self) -> None:
+        self._note_progress()  # the server is up: publish a restored core's progress, arm its timer
+        self.segments.listen(self)  # the pushes of this host's workers, past gRPC
+
+    def _note_progress(self) -> None:
+        core = self.core
+        if core.started_at is not None and not self.started.is_set():
+            self.rec.start(core.started_at)
+            self.started.set()
+            if self._started_async is not None:
+                self._started_async.set()
+        if core.done:
+            self.finished.set()
+        elif self.checkpointer is not None and core.started_at is not None and not self._checkpoint_soon:
+            self._checkpoint_soon = True  # once per turn of the loop, after the event's handler
+            asyncio.get_running_loop().call_soon(self._maybe_checkpoint)
+        self._arm(core.next_timer())
+
+    def _maybe_checkpoint(self) -> None:
+        """Take a checkpoint if one is due: between events, in a callback of its own, not in a handler."""
+        self._checkpoint_soon = False
+        if self.checkpointer is not None and not self.core.done and \
+                self.checkpointer.due(self.core.version, self.clock()):
+            self.checkpointer.take(self.clock())
+
+    def _arm(self, at: float | None) -> None:
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at, self._timer = at, None
+        if at is not None:
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, at - self.clock()), self._fire)
+
+    def _fire(self) -> None:
+        self._timer_at = self._timer = None
+        self._execute(self.core.timer(self.clock()))
+
+    async def _until_started(self) -> None:
+        if self._started_async is None:
+            self._started_async = asyncio.Event()
+            if self.started.is_set():
+                self._started_async.set()
+        await self._started_async.wait()
+
+    # ---- control ----------------------------------------------------------------------------
+
+    async def register(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.RegisterReply:
+        try:
+            req = parse(body, pb.RegisterRequest)
+            as_worker(self.guard, ctx, req.worker, "Register")
+            check_layout(req.layout, self.max_model_bytes)
+            self.core.check_register(req.worker, req.partition_size)
+            first = self._adopt(req)
+            actions = self.core.register(req.worker, req.partition_size, self.clock())
+        except Rejected as r:
+            await self._reject(ctx, "register", r)
+        self._execute(actions)
+        order = _order(self.core.issue(req.worker, self.clock()))
+        return pb.RegisterReply(send_init=first, order=order, num_workers=self.core.members.num_workers)
+
+    def _adopt(self, req: pb.RegisterRequest) -> bool:
+        """The first registration's layout becomes the model's; returns whether this was the first."""
+        first = self.layout is None
+        adopted = self.layout = self.layout or req.layout
+        if req.layout.digest != adopted.digest:
+            raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
+                                         "(same model config on every worker?)")
+        return first
+
+    async def status(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
+        try:
+            parse(body, pb.StatusRequest)
+        except Rejected as r:
+            await self._reject(ctx, "status", r)
+        return self._status()
+
+    def _status(self) -> pb.Status:
+        core = self.core
+        return pb.Status(version=core.version, protocol=core.spec.name, done=core.done, samples=core.samples,
+                         test_accuracy=self.last_eval.test_accuracy if self.last_eval else -1.0,
+                         final_eval_done=self.final_eval is not None, total_steps=core.train.steps or 0,
+                         progress=core.progress(self.clock()), active_workers=len(core.members.active))
+
+    async def eval_report(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
+        try:
+            req = parse(body, pb.EvalReport)
+            check_eval(req, self.core.version, self.core.done)
+        except Rejected as r:
+            await self._reject(ctx, "eval", r)
+        self.rec.evaluation(req.version, req.test_loss, req.test_accuracy)
+        self.last_eval = req
+        if req.final:
+            self.final_eval = req
+            self.final_evaluated.set()
+        return self._status()
+
+    async def attach(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.AttachReply:
+        """Expect a worker's shared-memory segment for its pushes through the PS's socket, where its
+        descriptor comes if the worker is on this host (``protos/segment``, ``adopt_segment``)."""
+        try:
+            req = parse(body, pb.AttachRequest)
+            as_worker(self.guard, ctx, req.worker, "Attach")
+            nbytes = layout_size(self.layout) * 4 if self.layout is not None else 0
+            return self.segments.attach(req, req.worker in self.core.members.registered, nbytes)
+        except Rejected as r:
+            await self._reject(ctx, "attach", r)
+
+    def adopt_segment(self, fds: list[int], ctx: grpc.aio.ServicerContext) -> None:
+        """Map the segment whose descriptor came with a connection's first frame on the PS's socket (``ctx``:
+        its ``LocalContext``), for the worker whose ``Attach`` it answers, if the connection's token is that
+        worker's; else ``Rejected``."""
+        self.segments.adopt(fds, lambda worker: as_worker(self.guard, ctx, worker, "Attach"))
+
+    # ---- tensors ----------------------------------------------------------------------------
+
+    async def init(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """The first worker's initial values; frames are read with ``ctx.read`` (per-frame timeouts)."""
+        try:
+            worker, layout, values = await self._receive_init(ctx)
+        except Rejected as r:
+            refuse(ctx, self.count_rejection, "init", r)
+            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
+            return
+        self.store.initialize(layout, values)
+        self.rec.event("model_initialized", worker=worker, parameters=int(values.size))
+        self._execute(self.core.initialized_at(self.clock()))
+        yield next(encode(pb.InitReply(order=_order(self.core.work_order()))))
+
+    async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
+        header, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.InitHeader)
+        as_worker(self.guard, ctx, header.worker, "Init")
+        layout = self.layout
+        if layout is None:
+            raise precondition("not_registered", "register before Init")
+        if self.store.initialized:
+            raise precondition("already_initialized", "the model is already initialized")
+        if header.layout_digest != layout.digest:
+            raise precondition("layout", "the initial values' layout differs from the registered one")
+        if header.nbytes != layout_size(layout) * 4:
+            raise invalid("size", f"initial values declare {header.nbytes} bytes, the layout has "
+                                  f"{layout_size(layout) * 4}")
+        with self.store.slots.holding(header.worker):
+            async with self.store.buffers.receiving(layout_size(layout)) as values:
+                if not await fill(PayloadWriter(values, check_finite=True), first, ctx, self.receive_timeout_s):
+                    raise invalid("non_finite", "initial values are not finite")
+                await self._accepted(header)
+        return header.worker, layout, values
+
+    async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        try:
+            req, _ = decode(request, pb.PullRequest)
+            as_worker(self.guard, ctx, req.worker, "Pull")
+            if req.worker != -1 and req.worker not in self.core.members.registered:
+                raise invalid("unknown_worker", f"unknown worker id {req.worker}")
+        except Rejected as r:
+            await self._reject(ctx, "pull", r)
+        if req.wait_initialized:
+            await self._until_started()
+        if not self.store.initialized:
+            await self._reject(ctx, "pull", precondition("not_initialized", "the model is not initialized yet"))
+        snapshot, reply = self.store.snapshot(), pb.PullReply(order=_order(self.core.issue(req.worker, self.clock())))
+        async for frame in self._send(reply, snapshot if req.have_version != snapshot.version else None, req.worker):
+            yield frame
+
+    async def push(self, request_iterator: object, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """A push as a stream of frames (models larger than one frame), read with ``ctx.read``."""
+        with PUSH_STREAMS.track_inprogress():
+            async for frame in self._push(ctx):
+                yield frame
+
+    async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
+        """A push in one message, answered with one (a payload of at most ``codec.whole_limit``)."""
+        return joined([f async for f in self._push(ctx, frame)])
+
+    async def _push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None = None) -> AsyncIterator[bytes]:
+        """A push read from ``ctx`` (streamed), or ``whole`` in one frame (``PushSmall``)."""
+        try:
+            p, report, grad, segment = await self._receive_push(ctx, whole)
+        except Rejected as r:
+            refuse(ctx, self.count_rejection, "push", r)
+            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
+            return
+        except asyncio.CancelledError:  # the client cancelled mid-stream: nothing was applied
+            self.count_rejection("push", Rejected("CANCELLED", "cancelled", "cancelled by the client"))
+            raise
+        if self.link is not None:
+            await self.link.inbound.transfer(self.store.nbytes)
+            p.arrived = self.clock()  # the PS has the gradient only once it has crossed the link
+        if not self.core.is_retry(p):  # a retry's step is recorded once
+            self.rec.step(p.worker, p.base_version, p.samples, report)
+        released = self._held[p.id] = asyncio.get_running_loop().create_future()
+        self._grads[p.id] = grad
+        self._execute(self.core.push(p, report, p.arrived))
+        release, snapshot = await released
+        o = release.outcome
+        PUSHES.labels("applied" if o.applied else "dropped").inc()
+        reply = pb.PushReply(applied=o.applied, note=o.note, staleness=o.staleness, wait_s=o.wait_s,
+                             order=_order(release.order))
+        async for frame in self._send(reply, snapshot, p.worker, segment, whole is not None):
+            yield frame
+
+    async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
+                            named: Callable[[pb.PushHeader], None] = lambda h: None,
+                            ) -> tuple[Push, StepReport, np.ndarray, Segment | None]:
+        """Validate a push and read it to the end of its stream; the core sees it only if this returns.
+        ``named`` sees the header once it is read (a sharded PS's shard 0 drops a refused push's parts)."""
+        timeout_s = None if whole is not None else self.receive_timeout_s  # None: no frames follow
+        h, first = decode(whole if whole is not None else await first_frame(ctx, self.receive_timeout_s),
+                          pb.PushHeader)
+        named(h)
+        as_worker(self.guard, ctx, h.worker, "Push")
+        self.store.check(h.layout_digest, h.nbytes)
+        report = _report(h.stats)
+        self.core.check_push(h.worker, h.samples, h.base_version, report, self.clock(), h.session)
+        segment = None
+        if h.shared:  # copied out of the segment by ``fill``, then checked: the worker cannot race it
+            segment, first = self.segments.payload(h.worker, first)
+        with self.store.slots.holding(h.worker):  # one worker's stalled pushes hold no other worker's slots
+            async with self.store.buffers.receiving() as grad:
+                payload = PayloadWriter(grad, check_finite=True)
+                if not await fill(payload, first, ctx, timeout_s):
+                    raise invalid("non_finite", "gradient has NaN or inf values")
+                check_grad_norm(payload.squares, h.samples, self.max_grad_norm)
+                await self._accepted(h, payload.squares)
+        return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
+                    step=report.step, session=h.session, squares=payload.squares), report, grad, segment
+
+    async def _accepted(self, h: pb.PushHeader | pb.InitHeader, squares: float = 0.0) -> None:
+        """Return once the payload ``h`` heads, received whole and valid (its squared norm ``squares``), may
+        go to the core: at once here; a sharded PS's shard 0 waits for its parts' verdicts. Its worker's
+        slot and its buffer are held meanwhile, and a refusal raised here discards the buffer."""
+
+    async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None, worker: int,
+                    segment: Segment | None = None, whole: bool = False) -> AsyncIterator[bytes]:
+        """Reply frames: the header, then the values (none if told to stop; into a shared push's ``segment``;
+        ``whole``: a ``PushSmall``'s reply, one message anyway, made in one copy from a deferred snapshot)."""
+        if reply.order.stop and worker >= 0:
+            self.told_stop.add(worker)
+            if self.told_stop >= set(self.core.members.registered):
+                self.all_told_stop.set()
+            snapshot = None
+        if snapshot is None:
+            yield next(encode(reply))
+            return
+        if self.link is not None and worker >= 0:
+            await self.link.outbound.transfer(snapshot.nbytes)
+        reply.order.version, reply.nbytes = snapshot.version, snapshot.nbytes
+        if segment is not None and isinstance(reply, pb.PushReply):
+            await write_values(segment, snapshot)
+            reply.shared = True
+            yield next(encode(reply))
+            return
+        if whole and (frame := snapshot.deferred(partial(whole_frame, reply))) is not None:
+            yield frame
+            return
+        async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
+            yield frame
+
+    # ---- frames and rejections ----------------------------------------------------------------
+
+    async def _reject(self, ctx: grpc.aio.ServicerContext, rpc: str, r: Rejected) -> NoReturn:
+        """Count ``r`` and end the call by raising (``ctx.abort``), from a handler that read no payload
+        frames; after payload frames, ``rejections.refuse``."""
+        self.count_rejection(rpc, r)
+        await ctx.abort(getattr(grpc.StatusCode, r.code), str(r))
+        raise AssertionError("abort returned")  # pragma: no cover - grpc's abort always raises
+
+    def methods(self) -> dict[str, grpc.RpcMethodHandler]:
+        raw: dict = dict(request_deserializer=None, response_serializer=None)
+        return {
+            # control requests are parsed by their handlers (``codec.parse``), so garbage is refused, counted
+            "Register": grpc.unary_unary_rpc_method_handler(
+                self.register, None, pb.RegisterReply.SerializeToString),
+            "Status": grpc.unary_unary_rpc_method_handler(self.status, None, pb.Status.SerializeToString),
+            "Eval": grpc.unary_unary_rpc_method_handler(self.eval_report, None, pb.Status.SerializeToString),
+            "Init": grpc.stream_stream_rpc_method_handler(self.init, **raw),
+            "Push": grpc.stream_stream_rpc_method_handler(self.push, **raw),
+            "PushSmall": grpc.unary_unary_rpc_method_handler(self.push_small, **raw),
+            "Attach": grpc.unary_unary_rpc_method_handler(self.attach, None, pb.AttachReply.SerializeToString),
+            "Pull": grpc.unary_stream_rpc_method_handler(self.pull, **raw),
+        }
+
+
+def _report(s: pb.StepStats) -> StepReport:
+    return StepReport(s.compute_s, s.sleep_s, s.send_s, s.wait_s, s.step, s.loss_sum, s.delay_sleep_s,
+                      s.delay_factor, s.delay_comm_s, s.batch_exhausted)
+
+
+def _order(o: WorkOrder) -> pb.WorkOrder:
+    return pb.WorkOrder(**dataclasses.asdict(o))
