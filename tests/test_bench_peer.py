@@ -384,3 +384,13 @@ def test_record_keeps_a_benchmark_s_json_with_its_command_and_commit(tmp_path: P
     failed = subprocess.run([*cmd[:3], "--dir", str(tmp_path), "--", sys.executable, "-c", "raise SystemExit(3)"],
                             capture_output=True, text=True, timeout=60)
     assert failed.returncode != 0 and "exited 3" in failed.stderr
+
+
+def test_core_push_simulates_each_protocol_and_prints_its_microseconds_per_push() -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "core_push.py"), "--workers", "4", "--updates", "50",
+                          "--repeat", "2", "--protocols", "bsp", "asp"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert (d["workers"], d["updates"]) == (4, 50) and set(d["us_per_push"]) == {"bsp", "asp"}
+    assert all(len(v) == 2 and all(x > 0 for x in v) for v in d["runs"].values())
+    assert all(min(v) <= d["us_per_push"][p] <= max(v) for p, v in d["runs"].items())  # the median
