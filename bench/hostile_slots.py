@@ -98,7 +98,7 @@ def follow(conn: Connection, leader: str, part_mb: float, receive_timeout_s: flo
     from switchps.security.channels import ClientSecurity
     from switchps.protos.codec import one_arena
     from switchps.ps_server.shard.follower import Follower
-    from switchps.ps_server.model import ModelStore
+    from switchps.ps_server.store import ModelStore
     from switchps.ps_server.optimizers import optimizer_factory
     from switchps.ps_server.rpc.server import Server
 

@@ -37,7 +37,7 @@ from switchps.config.run import CheckpointSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
 from switchps.ps_server.optimizers import Optimizer
-from switchps.ps_server.model import Sums
+from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")
 MANIFEST_WAIT_S = 120.0
