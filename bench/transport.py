@@ -48,7 +48,8 @@ from switchps.security.channels import ClientSecurity, ServerSecurity
 from switchps.jsonfile import dumps
 from switchps.config.security import TLSSpec
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator, whole_limit
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, whole_limit
+from switchps.protos.heap import tune_allocator
 from switchps.protos.layout import make_layout
 from switchps.worker.client import PSClient, wait_for_ps
 

@@ -11,7 +11,7 @@ from switchps.security.channels import client_security
 from switchps.config.run import RunConfig
 from switchps.errors import RunDirError, ShardLost
 from switchps.jsonfile import write_json
-from switchps.protos.codec import one_arena
+from switchps.protos.heap import one_arena
 from switchps.ps_server.shard.follower import Follower
 from switchps.ps_server.rpc.main import bind_server
 from switchps.ps_server.store import ModelStore
