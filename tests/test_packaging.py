@@ -95,7 +95,7 @@ def test_the_ps_never_imports_worker_code_and_stays_free_of_tensorflow():
 
 def test_the_protocol_core_has_no_io_and_no_threads():
     core = [f"core/{p.stem}" for p in (PS / "core").glob("*.py")]
-    assert len(core) >= 9, core  # __init__, machine, the three parts, protocols, events, rescale, overhead
+    assert len(core) >= 9, core  # __init__, machine, its parts, protocols, events, rescale, overhead: the glob found them
     for name in core:
         imports = _own_imports(PS / f"{name}.py")
         tree = ast.parse((PS / f"{name}.py").read_text())
