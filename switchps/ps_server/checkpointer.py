@@ -12,7 +12,7 @@ driver without threads (the test harness, a simulator), ``Checkpointer`` for the
 
 Concurrency: ``take`` runs on the event loop, between events, so the core's state it reads is that of
 exactly ``core.version``. The values and optimizer state are copied by the store's writer (the applier
-thread; a small model's, the loop: ``model.py``), queued behind the updates up to that version and ahead
+thread; a small model's, the loop: ``store.py``), queued behind the updates up to that version and ahead
 of any later one (the only time the apply path is held: one copy of the model). One writer thread
 serializes and writes the file (``checkpoint``), so neither the loop nor the applier waits for the disk.
 At most one checkpoint is in flight; one falling due meanwhile is deferred to the next event after the
