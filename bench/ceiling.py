@@ -43,7 +43,8 @@ import psutil
 
 from switchps.address import free_port
 from switchps.jsonfile import dumps
-from switchps.protos.codec import grpc_options, tune_allocator
+from switchps.protos.codec import grpc_options
+from switchps.protos.heap import tune_allocator
 from switchps.protos.local_socket import LENGTH, frame
 from tf_ps import run_peer
 

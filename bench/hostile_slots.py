@@ -96,9 +96,9 @@ def follow(conn: Connection, leader: str, part_mb: float, receive_timeout_s: flo
     """Follower shard 1 (spawned child), as ``follower_main`` builds it; a state request names how many
     parts must be kept or refused (counted) before the answer."""
     from switchps.security.channels import ClientSecurity
-    from switchps.protos.codec import one_arena
+    from switchps.protos.heap import one_arena
     from switchps.ps_server.shard.follower import Follower
-    from switchps.ps_server.model import ModelStore
+    from switchps.ps_server.store import ModelStore
     from switchps.ps_server.optimizers import optimizer_factory
     from switchps.ps_server.rpc.server import Server
 

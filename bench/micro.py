@@ -59,7 +59,7 @@ def tensorboard(updates: int) -> dict:
 def worker_step(dim: int, steps: int) -> dict:
     import keras
 
-    from switchps.protos.codec import tune_allocator
+    from switchps.protos.heap import tune_allocator
     from switchps.worker.gradients import GradientComputer
     from switchps.worker.setup import configure_threads
 

@@ -48,7 +48,8 @@ from switchps.security.channels import ClientSecurity, ServerSecurity
 from switchps.jsonfile import dumps
 from switchps.config.security import TLSSpec
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, tune_allocator, whole_limit
+from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, grpc_options, whole_limit
+from switchps.protos.heap import tune_allocator
 from switchps.protos.layout import make_layout
 from switchps.worker.client import PSClient, wait_for_ps
 
@@ -247,7 +248,7 @@ def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
     frames, and the client's copy out of the reply into its parameters."""
     from switchps.config.run import parse_config
     from switchps.protos.codec import all_finite, array_chunks, receive_into, whole_frame
-    from switchps.ps_server.model import Snapshot
+    from switchps.ps_server.snapshot import Snapshot
     from switchps.ps_server.optimizers import apply_update, optimizer_factory
 
     tune_allocator()  # as the client and the PS run

@@ -16,7 +16,7 @@ from switchps.ps_server.core.events import (
     Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport,
 )
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.model import Sums
+from switchps.ps_server.sums import Sums
 
 G = np.float32
 

@@ -38,7 +38,7 @@ import pytest
 import switchps
 from cluster import LiveCluster, start_cluster
 from conftest import wait_until
-from switchps.ps_server.model import ModelStore
+from switchps.ps_server.store import ModelStore
 from switchps.ps_server.rpc.service import ParameterServer
 
 pytest_plugins = ["cluster"]

@@ -13,7 +13,8 @@ import pytest
 from conftest import wait_until
 from switchps.protos.codec import COPIES
 from switchps.protos.layout import make_layout
-from switchps.ps_server.model import ModelStore, Snapshot
+from switchps.ps_server.snapshot import Snapshot
+from switchps.ps_server.store import ModelStore
 from switchps.ps_server.optimizers import make_optimizer
 from switchps.ps_server.schedules import make_schedule
 

@@ -22,7 +22,7 @@ from switchps.protos.layout import make_layout
 from switchps.config.security import TLSSpec
 from switchps.ps_server.shard.follower import Follower
 from switchps.ps_server.rpc.main import build_ps, prepare_run_dir
-from switchps.ps_server.model import ModelStore
+from switchps.ps_server.store import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.rpc.server import Server
 from switchps.ps_server.rpc.service import ParameterServer

@@ -12,7 +12,7 @@ driver without threads (the test harness, a simulator), ``Checkpointer`` for the
 
 Concurrency: ``take`` runs on the event loop, between events, so the core's state it reads is that of
 exactly ``core.version``. The values and optimizer state are copied by the store's writer (the applier
-thread; a small model's, the loop: ``model.py``), queued behind the updates up to that version and ahead
+thread; a small model's, the loop: ``store.py``), queued behind the updates up to that version and ahead
 of any later one (the only time the apply path is held: one copy of the model). One writer thread
 serializes and writes the file (``checkpoint``), so neither the loop nor the applier waits for the disk.
 At most one checkpoint is in flight; one falling due meanwhile is deferred to the next event after the
@@ -37,7 +37,7 @@ from switchps.config.run import CheckpointSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
 from switchps.ps_server.optimizers import Optimizer
-from switchps.ps_server.model import Sums
+from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")
 MANIFEST_WAIT_S = 120.0

@@ -11,7 +11,7 @@ from typing import AsyncIterator, Iterator
 
 import numpy as np
 
-from switchps.protos.codec import TrimSoon
+from switchps.protos.heap import TrimSoon
 from switchps.refusals import Rejected, invalid
 
 TRIM_DELAY_S = 0.5

@@ -22,9 +22,10 @@ from switchps.security.channels import ClientSecurity
 from switchps.errors import PSUnreachable
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
-    COPIES, DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, tune_allocator,
-    whole_frame, whole_limit,
+    COPIES, DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, whole_frame,
+    whole_limit,
 )
+from switchps.protos.heap import tune_allocator
 from switchps.protos.segment import NOT_ATTACHED, Segment, available, file_bytes
 from switchps.worker.local_line import LineBroken, LocalLine, LocalRpcError
 

@@ -2,12 +2,12 @@
 
 Its parts, one module each, own their state and save it themselves (``state_dict``/``load_state_dict``):
 - ``machine``: ``Core`` (import it from there), the event loop of the core: the version, the sample
-  count, running the effects of the protocol in force, and its ``Outbox`` (what the event in hand
-  tells the driver, and the ids it gives aggregates); its checkpoint is its parts' states together
+  count, running the effects of the protocol in force; its checkpoint is its parts' states together
   (each a ``Part``). The parts return records, actions and effects; none calls back into the core;
-- ``lifecycle``: membership, the start and the end of training, whether the run resumed after a crash,
-  what each worker's work orders allow its next push to claim (``Orders``), and which pushes arrived,
-  so a resent one is never applied twice (``Receipts``);
+- ``lifecycle``: membership, the start and the end of training, whether the run resumed after a crash;
+- ``admission``: what each worker's work orders allow its next push to claim (``Orders``), and which
+  pushes arrived, so a resent one is never applied twice (``Receipts``);
+- ``outbox``: what the event in hand tells the driver (``Outbox``), and the ids it gives aggregates;
 - ``switching``: the protocol in force, a switch decided, waiting for its round and made, the
   learning-rate scale and momentum and the ramp after a switch, the switch records;
 - ``consulting``: the policy, when it is asked, what it sees, the batches it set;

@@ -3,10 +3,10 @@
 A driver calls ``register``, ``initialized_at``, ``push``, ``timer``, ``switch`` and ``decide`` with the
 time the event happened, and executes the actions each returns, in order (see ``events``). ``Core``
 owns the model's version and sample count and runs the protocol's effects; its parts own the rest:
-``lifecycle`` (membership, start, end, what each worker's work orders allow, which pushes arrived),
-``switching`` (the protocol in force, a pending switch, the learning-rate scale) and ``consulting`` (the
-policy and what it sees); its ``Outbox`` holds the event's actions and replies and names the aggregates. The parts return records and effects; the core runs the effects. Its checkpoint is
-their states together.
+``lifecycle`` (membership, start, end), ``admission`` (what each worker's work orders allow, which pushes
+arrived), ``switching`` (the protocol in force, a pending switch, the learning-rate scale), ``consulting``
+(the policy and what it sees) and ``outbox`` (the event's actions and replies, the aggregates' ids). The
+parts return records and effects; the core runs the effects. Its checkpoint is their states together.
 
 Concurrency: not thread-safe, on purpose. One driver calls it from one thread: the gRPC service from
 its event loop, the test harness directly, a simulator from its own loop. ``next_timer`` says when the
@@ -15,16 +15,17 @@ core next wants ``timer`` called (a deadline, a window, the time limit, the star
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 from switchps.config.run import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server.core.consulting import Consulting
-from switchps.ps_server.core.lifecycle import Lifecycle, Orders, Receipts
+from switchps.ps_server.core.admission import Orders, Receipts
+from switchps.ps_server.core.lifecycle import Lifecycle
+from switchps.ps_server.core.outbox import Outbox
 from switchps.ps_server.core.switching import Pending, Switching
 from switchps.ps_server.core.events import (
-    Action, Count, Effect, Free, Join, Membership, Outcome, Push, Record, Release, StepReport, WorkOrder,
+    Action, Effect, Membership, Push, Record, Release, StepReport, WorkOrder,
 )
 
 
@@ -254,58 +255,3 @@ class Core:
 def _or(t: float | None, now: float) -> float:
     """A time if there is one, else ``now`` (not ``t or now``: 0.0 is a time, where a simulator's clock starts)."""
     return now if t is None else t
-
-
-class Outbox:
-    """The actions of the event in hand, the replies it releases, and the next aggregate's id."""
-
-    def __init__(self) -> None:
-        self.actions: list[Action] = []
-        self.replies: list[tuple[Push, Outcome]] = []  # released this event; their orders come last
-        self.aggregates = 0  # aggregates named so far: the next one's id
-
-    def add(self, actions: Iterable[Action]) -> None:
-        self.actions += actions
-
-    def admitted(self, p: Push, effect: Effect, version: int) -> None:
-        """What the protocol in force made of ``p``: it joins an aggregate, or it is dropped."""
-        if effect.drop:
-            self.drop(p, effect.drop, version)
-            return
-        a = effect.joined
-        assert a is not None, "a protocol names the aggregate every push it keeps joins"
-        if a.id < 0:
-            a.id, self.aggregates = self.aggregates, self.aggregates + 1
-        self.actions += [Join(p.id, a.id), Count("accepted")]
-
-    def drop(self, p: Push, reason: str, version: int) -> None:
-        self.actions += [Count("dropped", reason), Free(p.id),
-                         Record("push_dropped", {"worker": p.worker, "base_version": p.base_version,
-                                                 "version": version, "reason": reason})]
-        self.replies.append((p, Outcome(False, p.staleness, 0.0, f"dropped: {reason}")))
-
-    def retried(self, p: Push, waiting: list[Push], version: int) -> None:
-        """A push sent again: it takes the original's place if that still waits (``waiting``: the pushes
-        the protocol in force holds), else it is a duplicate."""
-        original = next((w for w in waiting if (w.worker, w.step) == (p.worker, p.step)), None)
-        if original is None:
-            self.drop(p, "repeated", version)
-        else:
-            original.id = p.id
-            self.actions += [Free(p.id), Record("push_retried", {"worker": p.worker, "step": p.step,
-                                                                 "version": version})]
-
-    def release(self, pushes: list[Push], now: float) -> None:
-        """Pushes whose updates are applied (or that no update waits for): their replies are due."""
-        self.replies += [(p, Outcome(True, p.staleness, now - p.arrived)) for p in pushes]
-
-    def take(self) -> tuple[list[Action], list[tuple[Push, Outcome]]]:
-        """The event's actions and replies; the outbox is empty for the next event."""
-        out, self.actions, self.replies = (self.actions, self.replies), [], []
-        return out
-
-    def state_dict(self, now: float) -> dict[str, Any]:  # no times
-        return {"aggregates": self.aggregates}
-
-    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
-        self.aggregates = d["aggregates"]

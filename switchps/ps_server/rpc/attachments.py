@@ -14,7 +14,7 @@ from switchps.protos.codec import COPIES, PayloadWriter
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.segment import NONCE_BYTES, NOT_ATTACHED, Segment, sealed_nonce
 from switchps.ps_server.rpc.local_pushes import LocalPushes, Pushes
-from switchps.ps_server.model import Snapshot
+from switchps.ps_server.snapshot import Snapshot
 from switchps.refusals import invalid, precondition
 
 

@@ -12,9 +12,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from threadpoolctl import threadpool_limits
 
 from switchps.security.channels import ServerSecurity
-from switchps.protos.codec import grpc_options, receive_limit, tune_allocator
+from switchps.protos.codec import grpc_options, receive_limit
+from switchps.protos.heap import tune_allocator
 from switchps.ps_server.rpc.guard import Guard
-from switchps.ps_server.model import ModelStore
+from switchps.ps_server.store import ModelStore
 from switchps.ps_server.rpc.service import SERVICE
 from switchps.refusals import Rejected
 

@@ -48,7 +48,8 @@ from switchps.ps_server.rpc.guard import Guard, as_worker
 from switchps.ps_server.core.events import (Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer,
                                        StepReport, WorkOrder)
 from switchps.ps_server.link import DuplexLink
-from switchps.ps_server.model import ModelStore, Snapshot
+from switchps.ps_server.snapshot import Snapshot
+from switchps.ps_server.store import ModelStore
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.rejections import PUSHES, RejectionCounter, refuse
 from switchps.ps_server.optimizers import adjust_optimizer

@@ -26,7 +26,7 @@ import numpy as np
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.partition import of_layout, part_layout
 from switchps.ps_server import checkpoint
-from switchps.ps_server.model import ModelStore
+from switchps.ps_server.store import ModelStore
 
 
 def part_dir(run_dir: Path, shard: int) -> Path:

@@ -43,7 +43,8 @@ from switchps.protos.codec import PayloadWriter, aencode, decode, fill, first_fr
 from switchps.protos.layout import layout_size
 from switchps.protos.partition import of_layout, part_layout
 from switchps.ps_server.rpc.guard import Guard, as_worker
-from switchps.ps_server.model import ModelStore, Snapshot
+from switchps.ps_server.snapshot import Snapshot
+from switchps.ps_server.store import ModelStore
 from switchps.ps_server.optimizers import adjust_optimizer
 from switchps.ps_server.rejections import refuse, rpc_name
 from switchps.ps_server.rpc.service import SERVICE

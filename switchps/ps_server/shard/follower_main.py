@@ -11,10 +11,10 @@ from switchps.security.channels import client_security
 from switchps.config.run import RunConfig
 from switchps.errors import RunDirError, ShardLost
 from switchps.jsonfile import write_json
-from switchps.protos.codec import one_arena
+from switchps.protos.heap import one_arena
 from switchps.ps_server.shard.follower import Follower
 from switchps.ps_server.rpc.main import bind_server
-from switchps.ps_server.model import ModelStore
+from switchps.ps_server.store import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.shard.checkpoint import part_dir
 from switchps.ps_server.tensorboard import EventFile, shard_scalars

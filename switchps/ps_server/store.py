@@ -1,10 +1,10 @@
-"""The model the PS holds: flat float32 values, optimizer, version, and the open aggregates' sums.
+"""The model the PS holds: flat float32 values, optimizer and version, changed by one writer at a time,
+which also owns the open aggregates' sums (``sums.Sums``) and publishes each version (``snapshot.Snapshot``).
 
 Values live in one contiguous float32 vector; the layout maps it back to named variables: the trainable
 parameters first, which the optimizer updates, then the non-trainable state (BatchNorm moving
 statistics), which each update replaces with the mean of its contributors' values (the round's workers
 under BSP, the one pusher under ASP). ``submit`` reserves the next version at once and queues the update.
-Every reader of a version shares its one ``Snapshot``, and no lock is held while parameters stream out.
 
 Concurrency: the store's work (joins, updates, optimizer changes) runs in the order it was submitted, one
 item at a time, under ``_writing``: that item is the only writer of ``values``, the sums and the
@@ -24,158 +24,26 @@ the latest snapshot and a deferred snapshot's values; each ``Snapshot``'s ``_loc
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
 import weakref
 from dataclasses import dataclass
 from functools import partial
-from typing import AsyncIterator, Callable, TypeVar
+from typing import Callable
 
 import numpy as np
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import COPIES, DEFAULT_CHUNK_BYTES, INLINE_BYTES, WHOLE_BYTES
+from switchps.protos.codec import DEFAULT_CHUNK_BYTES, WHOLE_BYTES
 from switchps.protos.layout import trainable_size
 from switchps.refusals import invalid, precondition
 from switchps.ps_server.optimizers import Optimizer, apply_update
 from switchps.ps_server.receiving import BufferPool, Slots
+from switchps.ps_server.snapshot import Snapshot
+from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")
-T = TypeVar("T")
-
-
-class Snapshot:
-    """One version's values as wire chunks, which asyncio readers await (``achunks``) as they are published,
-    woken through their event loop.
-
-    A deferred snapshot (``defer``) has no chunks yet: its values are the store's own until the store's
-    next update, so a reply may use them in place (``deferred``); a reader of chunks has them made first.
-    """
-
-    def __init__(self, version: int, nbytes: int, chunk_bytes: int, store_lock: threading.Lock | None = None) -> None:
-        self.version = version
-        self.nbytes = nbytes
-        self.chunk_bytes = max(chunk_bytes, nbytes) if nbytes <= INLINE_BYTES else chunk_bytes  # inline = 1 chunk
-        self._chunks: list[bytes] = []
-        self._total = -(-nbytes // self.chunk_bytes)
-        self._failed: BaseException | None = None
-        self._lock = threading.Lock()  # guards the chunks, the failure, the waiters and ``_source`` is set
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._store_lock = store_lock or threading.Lock()  # held while deferred values are used or change
-        self._source: np.ndarray | None = None  # deferred: the store's values
-
-    @classmethod
-    def of(cls, version: int, flat: np.ndarray, chunk_bytes: int) -> "Snapshot":
-        snap = cls(version, flat.nbytes, chunk_bytes)
-        snap.publish_until(flat, flat.size)
-        return snap
-
-    def publish_until(self, flat: np.ndarray, end: int) -> None:
-        """Publish every whole chunk of ``flat`` that lies below element ``end`` (all of it at the end)."""
-        raw = flat.view(np.uint8)
-        limit = raw.size if end >= flat.size else end * 4
-        while len(self._chunks) < self._total:
-            lo = len(self._chunks) * self.chunk_bytes
-            hi = min(lo + self.chunk_bytes, raw.size)
-            if hi > limit:
-                return
-            chunk = raw[lo:hi].tobytes()
-            COPIES.add(len(chunk))
-            with self._lock:
-                self._chunks.append(chunk)
-                self._wake()
-
-    def defer(self, values: np.ndarray) -> None:
-        """Make no chunks yet: ``values`` hold this version until the store settles it (under its lock)."""
-        with self._lock:
-            self._source = values
-            self._wake()  # a reader already waiting makes the chunks itself
-
-    def deferred(self, use: Callable[[np.ndarray], T]) -> T | None:
-        """``use`` of a deferred snapshot's values, kept this version's meanwhile; None, not calling it, if
-        the snapshot is not deferred."""
-        with self._store_lock:
-            return None if self._source is None else use(self._source)
-
-    def settle(self) -> None:
-        """A deferred snapshot's chunks, made now (for a reader, or before the store's values change)."""
-        with self._store_lock:
-            values, self._source = self._source, None
-            if values is not None:
-                self.publish_until(values, values.size)
-
-    def fail(self, error: BaseException) -> None:
-        with self._lock:
-            self._failed = error
-            self._wake()
-
-    def _wake(self) -> None:
-        """Caller holds ``_lock``."""
-        for loop, fut in self._waiters:
-            loop.call_soon_threadsafe(_resolve, fut)
-        self._waiters = []
-
-    async def achunks(self) -> AsyncIterator[bytes]:
-        """The chunks in order, awaiting any not yet published; raises if the update failed."""
-        loop = asyncio.get_running_loop()
-        for i in range(self._total):
-            while True:
-                with self._lock:
-                    if self._failed is not None:
-                        raise RuntimeError(f"update to version {self.version} failed") from self._failed
-                    chunk = self._chunks[i] if i < len(self._chunks) else None
-                    deferred = self._source is not None
-                    if chunk is None and not deferred:
-                        fut: asyncio.Future[None] = loop.create_future()
-                        self._waiters.append((loop, fut))
-                if chunk is not None:
-                    break
-                if deferred:
-                    self.settle()
-                else:
-                    await fut
-            yield chunk
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-class Sums:
-    """The open aggregates' gradient sums, by the aggregate ids of the core's ``Join`` actions.
-
-    The core decides which pushes form an update; ``Sums`` holds the arrays. The first push to join an
-    aggregate lends it its buffer (no copy), later ones are added into it in place, in the order the core
-    joined them (bit-identical to summing as they arrived), and ``join`` hands their buffers back for
-    reuse; ``take`` hands a sum to the update that consumes it. Memory: one buffer per open aggregate plus
-    the pushes not yet joined. Not thread-safe: ``ModelStore`` calls it only from the item it is running,
-    the test harness and a simulator directly.
-    """
-
-    def __init__(self) -> None:
-        self.open: dict[int, np.ndarray] = {}
-
-    def join(self, aggregate_id: int, grad: np.ndarray) -> np.ndarray | None:
-        """Add ``grad`` into the aggregate's sum; returns ``grad`` when its buffer is free again."""
-        total = self.open.get(aggregate_id)
-        if total is None:
-            self.open[aggregate_id] = grad
-            return None
-        np.add(total, grad, out=total)
-        return grad
-
-    def take(self, aggregate_id: int) -> np.ndarray:
-        return self.open.pop(aggregate_id)
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Copies of the open sums (they go on changing after a checkpoint is taken)."""
-        return {str(a): total.copy() for a, total in self.open.items()}
-
-    def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
-        self.open = {int(a): np.array(total, np.float32) for a, total in d.items()}
 
 
 @dataclass
