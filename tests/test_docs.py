@@ -202,3 +202,15 @@ def test_the_readme_tour_runs_as_a_config(tmp_path: Path) -> None:
     (tmp_path / "tour.yaml").write_text(body)
     cfg = load_config(tmp_path / "tour.yaml")
     assert cfg.policy.name == "schedule" and cfg.cluster.num_workers == 4
+
+
+def test_every_module_path_the_docs_name_exists() -> None:
+    """A path such as `ps_server/rpc/service.py` names a file of the repository (from its root, from
+    switchps/, or, in the architecture's tables, from switchps/ps_server/), so a moved module cannot
+    leave a stale name behind."""
+    bases = [ROOT, ROOT / "switchps", ROOT / "switchps" / "ps_server"]
+    named = {m for doc in DOCS for m in re.findall(r"`((?:[a-z_]+/)+[a-z_0-9]+\.(?:py|proto|sh|yaml|sbatch))`",
+                                                   doc.read_text())}
+    assert len(named) > 20
+    missing = sorted(p for p in named if not any((base / p).is_file() for base in bases))
+    assert not missing, missing
