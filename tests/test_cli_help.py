@@ -22,7 +22,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 COMMANDS = {  # where the docs run each kind of entry point, in a code block or an inline span
     "switchps": re.compile(r"(?:^|[;&|(`]\s*|\$ |srun )switchps ([a-z][a-z-]*)()([^#;&)`]*)"),
-    "bench": re.compile(r"python bench/(\w+\.py)((?: [a-z][a-z_]*)?)([^#;&|)`>]*)"),
+    "bench": re.compile(r"python bench/(\w+\.py)((?: [a-z][a-z_-]*)?)([^#;&|)`>]*)"),
 }
 
 

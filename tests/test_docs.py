@@ -19,6 +19,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, Field
 
+from switchps.checks import PREFLIGHT
 from switchps.cli import parser
 from switchps.config.run import RunConfig, load_config, parse_config
 from switchps.studies.spec import load_study
@@ -99,7 +100,9 @@ QUICKSTART = read_yaml(ROOT / "switchps" / "examples" / "quickstart.yaml")
 def test_every_yaml_block_is_a_valid_config(where: str, body: str, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A study file loads as a study; any other block is a run config, or a part of one merged over the
-    quickstart; a block that starts ``# one of these lines`` is alternatives, each line checked alone.
+    quickstart, checked with the preflight a command adds (the optimizer's parameters, the model's and
+    the policy's keyword arguments); a block that starts ``# one of these lines`` is alternatives, each
+    line checked alone.
     A secret file the block names is made (the config checks that it is readable)."""
     monkeypatch.chdir(tmp_path)
     snippets = body.splitlines()[1:] if body.startswith("# one of these lines") else [body]
@@ -113,7 +116,7 @@ def test_every_yaml_block_is_a_valid_config(where: str, body: str, tmp_path: Pat
         if "study" in raw:
             load_study(path)
         else:
-            parse_config(_merge(QUICKSTART, raw))
+            parse_config(_merge(QUICKSTART, raw), checks=PREFLIGHT)  # optimizer, model, policy build
 
 
 def commands(body: str) -> list[str]:
@@ -197,10 +200,10 @@ def test_a_union_discriminated_by_a_field_lists_each_members_fields() -> None:
 
 
 def test_the_readme_tour_runs_as_a_config(tmp_path: Path) -> None:
-    """The tour's file, as a user saves it, loads with the checks `switchps run` makes."""
+    """The tour's file, as a user saves it, loads on its own (not merged over the quickstart)."""
     body = next(b for _, b in blocks("yaml") if b.startswith("# tour.yaml"))
     (tmp_path / "tour.yaml").write_text(body)
-    cfg = load_config(tmp_path / "tour.yaml")
+    cfg = load_config(tmp_path / "tour.yaml", checks=PREFLIGHT)
     assert cfg.policy.name == "schedule" and cfg.cluster.num_workers == 4
 
 
