@@ -1,5 +1,5 @@
 """Every command-line entry point answers ``--help`` with its usage and exit 0, and lists the options the
-README shows it with: each sub-command of ``switchps``, found from the parser itself (so a new one cannot be
+README and the documentation site (docs/*.md) show it with: each sub-command of ``switchps``, found from the parser itself (so a new one cannot be
 missed), and every benchmark."""
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from switchps.cli import parser
 SWITCHPS = str(Path(sys.executable).parent / "switchps")
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
-COMMANDS = {  # where the README runs each kind of entry point, in a code block or an inline span
+COMMANDS = {  # where the docs run each kind of entry point, in a code block or an inline span
     "switchps": re.compile(r"(?:^|[;&|(`]\s*|\$ |srun )switchps ([a-z][a-z-]*)()([^#;&)`]*)"),
-    "bench": re.compile(r"python bench/(\w+\.py)((?: [a-z][a-z_]*)?)([^#;&|)`>]*)"),
+    "bench": re.compile(r"python bench/(\w+\.py)((?: [a-z][a-z_-]*)?)([^#;&|)`>]*)"),
 }
 
 
@@ -31,9 +32,10 @@ def subcommands() -> list[str]:
 
 
 def readme_options(kind: str) -> dict[tuple[str, ...], set[str]]:
-    """The options the README shows with each command (its sub-command, for a benchmark that has them)."""
+    """The options the README and the site show with each command (its sub-command, for a benchmark that
+    has them)."""
     shown: dict[tuple[str, ...], set[str]] = defaultdict(set)
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in (line for doc in DOCS for line in doc.read_text().splitlines()):
         for name, sub, rest in COMMANDS[kind].findall(line):
             shown[(name, *sub.split())] |= set(OPTION.findall(rest))
     return shown
@@ -59,13 +61,15 @@ def test_every_subcommand_is_found() -> None:
 
 
 def test_the_readme_shows_options_for_the_entry_points() -> None:
-    """The README's commands are found (else the checks of their options below would pass vacuously);
-    it shows `plot` and `status` bare."""
+    """The docs' commands are found (else the checks of their options below would pass vacuously); they
+    show `plot` and `status` bare. Every sub-command shown with options, and every benchmark, exists."""
     with_options = {name for (name, *_), options in SWITCHPS_OPTIONS.items() if options}
     assert with_options >= set(subcommands()) - {"plot", "status"}
     assert {"transport.py", "steps.py", "hostile_memory.py", "ceiling.py", "sim_validation.py"} <= \
         {name for (name, *_), options in BENCH_OPTIONS.items() if options}
     assert BENCH_OPTIONS[("sim_vs_real.py", "compare")] == {"--overhead", "--jitter"}
+    assert with_options <= set(subcommands()), "prose may say `switchps decides`; a command with options is one"
+    assert all((BENCH / name).is_file() for name, *_ in BENCH_OPTIONS)
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in subcommands())], ids=lambda c: " ".join(c) or "switchps")

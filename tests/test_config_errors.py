@@ -254,9 +254,9 @@ USER_MODELS = textwrap.dedent("""
         h = keras.layers.Dense(width, activation="relu", name="h")(keras.layers.Flatten(name="flat")(x))
         return keras.Model(x, keras.layers.Dense(num_classes, name="logits")(h))
 """)
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-USER_POLICIES = README.split("```python\n# my_policies.py\n", 1)[1].split("```", 1)[0]
-"""The README's own example policy, so that the README cannot drift from what runs."""
+SWITCHING = (Path(__file__).resolve().parent.parent / "docs" / "switching.md").read_text()
+USER_POLICIES = SWITCHING.split("```python\n# my_policies.py\n", 1)[1].split("```", 1)[0]
+"""The documentation's own example policy (docs/switching.md), so that it cannot drift from what runs."""
 
 
 @pytest.fixture
