@@ -12,9 +12,8 @@ from switchps.config.run import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import Policy
 from switchps.ps_server.checkpointer import Parts
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.core.events import (
-    Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport,
-)
+from switchps.ps_server.core.actions import Action, Apply, Count, Free, Join, Record, Release, SetOptimizer
+from switchps.ps_server.core.events import Push, StepReport
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.model import Sums
 

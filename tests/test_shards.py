@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.core.events import (
-    Aggregate, Apply, Join, Outcome, Push, Record, Release, SetOptimizer, WorkOrder,
-)
+from switchps.ps_server.core.actions import Apply, Join, Record, Release, SetOptimizer
+from switchps.ps_server.core.events import Aggregate, Outcome, Push, WorkOrder
 from switchps.ps_server.shard.followers import Leader, part_key
 from switchps.refusals import Rejected
 

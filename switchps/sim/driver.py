@@ -19,9 +19,8 @@ from functools import partial
 
 from switchps.config.run import RunConfig
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.core.events import (
-    Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
-)
+from switchps.ps_server.core.actions import Action, Apply, Count, Free, Join, Record, Release, SetOptimizer
+from switchps.ps_server.core.events import Push, StepReport, WorkOrder
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.optimizers import Optimizer, adjust_optimizer, apply_update
 from switchps.ps_server.records import RunRecorder

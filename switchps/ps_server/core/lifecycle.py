@@ -30,7 +30,8 @@ from typing import Any
 
 from switchps.config.run import TrainSpec
 from switchps.policies.base import Decision
-from switchps.ps_server.core.events import Membership, Push, Record, StepReport, WorkOrder, absolute, relative
+from switchps.ps_server.core.actions import Record
+from switchps.ps_server.core.events import Membership, Push, StepReport, WorkOrder, absolute, relative
 from switchps.ps_server.core.protocols import SyncProtocol
 from switchps.refusals import invalid, precondition
 

@@ -23,9 +23,8 @@ from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server.core.consulting import Consulting
 from switchps.ps_server.core.lifecycle import Lifecycle, Orders, Receipts
 from switchps.ps_server.core.switching import Pending, Switching
-from switchps.ps_server.core.events import (
-    Action, Count, Effect, Free, Join, Membership, Outcome, Push, Record, Release, StepReport, WorkOrder,
-)
+from switchps.ps_server.core.actions import Action, Count, Free, Join, Record, Release
+from switchps.ps_server.core.events import Effect, Membership, Outcome, Push, StepReport, WorkOrder
 
 
 class Part(Protocol):

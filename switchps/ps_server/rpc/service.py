@@ -45,8 +45,8 @@ from switchps.ps_server.rpc.attachments import Attachments, write_values
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.rpc.guard import Guard, as_worker
-from switchps.ps_server.core.events import (Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer,
-                                       StepReport, WorkOrder)
+from switchps.ps_server.core.actions import Action, Apply, Count, Free, Join, Record, Release, SetOptimizer
+from switchps.ps_server.core.events import Push, StepReport, WorkOrder
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder

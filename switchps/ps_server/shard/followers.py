@@ -34,7 +34,7 @@ import grpc
 from switchps.security.auth import Caller
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import first_frame, parse
-from switchps.ps_server.core.events import Action, Apply, Free, Join, Release, SetOptimizer
+from switchps.ps_server.core.actions import Action, Apply, Free, Join, Release, SetOptimizer
 from switchps.refusals import Rejected, invalid, precondition
 
 log = logging.getLogger("switchps.ps")

@@ -22,7 +22,8 @@ from switchps.errors import RunDirError, ShardLost
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.partition import Partition, of_layout, part_layout
 from switchps.protos.segment import Segment
-from switchps.ps_server.core.events import Action, Push, StepReport
+from switchps.ps_server.core.actions import Action
+from switchps.ps_server.core.events import Push, StepReport
 from switchps.ps_server.rejections import refuse
 from switchps.ps_server.rpc.service import ParameterServer
 from switchps.ps_server.shard.followers import INIT_STEP, Key, Leader, part_key
