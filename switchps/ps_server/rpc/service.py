@@ -42,21 +42,20 @@ from switchps.protos.codec import (PayloadWriter, aencode, decode, encode, fill,
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
 from switchps.ps_server.rpc.attachments import Attachments, write_values
+from switchps.ps_server.rpc.executor import StoreExecutor
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.rpc.guard import Guard, as_worker
-from switchps.ps_server.core.actions import Action, Apply, Count, Free, Join, Record, Release, SetOptimizer
+from switchps.ps_server.core.actions import Action, Executor, Release, execute
 from switchps.ps_server.core.events import Push, StepReport, WorkOrder
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.rejections import PUSHES, RejectionCounter, refuse
-from switchps.ps_server.optimizers import adjust_optimizer
 from switchps.ps_server.validate import check_eval, check_grad_norm, check_layout
 from switchps.refusals import Rejected, invalid, precondition
 
 SERVICE = "switchps.ParameterServer"
-VERSION = Gauge("switchps_model_version", "Current model version")
 PUSH_STREAMS = Gauge("switchps_push_streams", "Push streams open on the PS: being read or awaiting their reply")
 
 
@@ -78,6 +77,7 @@ class ParameterServer:
         self._ids = itertools.count()
         self._held: dict[int, asyncio.Future[tuple[Release, Snapshot]]] = {}
         self._grads: dict[int, np.ndarray] = {}  # push id -> its gradient buffer, until the core joins or frees it
+        self.executor: Executor = StoreExecutor(store, rec, self._grads, self._held)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
@@ -91,32 +91,8 @@ class ParameterServer:
 
     def _execute(self, actions: list[Action]) -> None:
         """Carry out the core's actions in order, then note what changed and re-arm its timer."""
-        for a in actions:
-            if isinstance(a, Join):
-                self.store.join(a.aggregate_id, self._grads.pop(a.push_id))
-            elif isinstance(a, Free):
-                self.store.recycle(self._grads.pop(a.push_id))
-            elif isinstance(a, Apply):
-                self._apply(a)
-            elif isinstance(a, Release):
-                fut = self._held.pop(a.push_id, None)
-                if fut is not None and not fut.done():  # a cancelled pusher is no longer listening
-                    fut.set_result((a, self.store.snapshot()))
-            elif isinstance(a, SetOptimizer):
-                self.store.control(partial(adjust_optimizer, lr_scale=a.lr_scale, state=a.state,
-                                           state_scale=a.state_scale, momentum=a.momentum))
-            elif isinstance(a, Record):
-                self.rec.event(a.event, **a.fields)
-            elif isinstance(a, Count):
-                self.rec.count(a.what, a.reason)
+        execute(actions, self.executor)
         self._note_progress()
-
-    def _apply(self, a: Apply) -> None:
-        agg = a.aggregate
-        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor,
-                                 on_applied=partial(self.rec.update, a))
-        assert snap.version == a.version, "the store and the core count versions alike"
-        VERSION.set(a.version)
 
     def on_serving(self) -> None:
         self._note_progress()  # the server is up: publish a restored core's progress, arm its timer
