@@ -151,3 +151,31 @@ class Harness:
         applied = sum(a.aggregate.samples for a in self.applied)
         dropped = sum(self.pushed[i] for i, r in self.releases.items() if not r.outcome.applied)
         assert applied + dropped == sum(self.pushed.values()), "every sample applied once or counted dropped"
+
+
+class ActionLog:
+    """An executor that notes which method got which action."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Action]] = []
+
+    def join(self, a: Join) -> None:
+        self.calls.append(("join", a))
+
+    def free(self, a: Free) -> None:
+        self.calls.append(("free", a))
+
+    def apply(self, a: Apply) -> None:
+        self.calls.append(("apply", a))
+
+    def release(self, a: Release) -> None:
+        self.calls.append(("release", a))
+
+    def set_optimizer(self, a: SetOptimizer) -> None:
+        self.calls.append(("set_optimizer", a))
+
+    def record(self, a: Record) -> None:
+        self.calls.append(("record", a))
+
+    def count(self, a: Count) -> None:
+        self.calls.append(("count", a))

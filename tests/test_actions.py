@@ -7,6 +7,7 @@ from typing import get_args
 from switchps.ps_server.core.actions import (Action, Apply, Count, Free, Join, Record, Release, SetOptimizer,
                                              execute)
 from switchps.ps_server.core.events import Aggregate, Outcome, WorkOrder
+from harness import ActionLog
 
 ORDER = WorkOrder("bsp", 3, 32, 0.0, 32, False)
 ONE_OF_EACH: list[Action] = [
@@ -16,40 +17,12 @@ ONE_OF_EACH: list[Action] = [
 ]
 
 
-class Log:
-    """An executor that notes which method got which action."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Action]] = []
-
-    def join(self, a: Join) -> None:
-        self.calls.append(("join", a))
-
-    def free(self, a: Free) -> None:
-        self.calls.append(("free", a))
-
-    def apply(self, a: Apply) -> None:
-        self.calls.append(("apply", a))
-
-    def release(self, a: Release) -> None:
-        self.calls.append(("release", a))
-
-    def set_optimizer(self, a: SetOptimizer) -> None:
-        self.calls.append(("set_optimizer", a))
-
-    def record(self, a: Record) -> None:
-        self.calls.append(("record", a))
-
-    def count(self, a: Count) -> None:
-        self.calls.append(("count", a))
-
-
 def test_every_action_type_is_covered_here() -> None:
     assert {type(a) for a in ONE_OF_EACH} == set(get_args(Action))
 
 
 def test_each_action_goes_to_its_method_in_order() -> None:
-    log = Log()
+    log = ActionLog()
     actions = ONE_OF_EACH + ONE_OF_EACH[::-1]
     execute(actions, log)
     assert [a for _, a in log.calls] == actions
@@ -57,6 +30,6 @@ def test_each_action_goes_to_its_method_in_order() -> None:
 
 
 def test_nothing_to_do() -> None:
-    log = Log()
+    log = ActionLog()
     execute([], log)
     assert log.calls == []
