@@ -114,7 +114,7 @@ def test_a_malformed_message_from_an_attached_follower_ends_its_stream_counted(t
             err = follow(f"127.0.0.1:{server.port}", [hello(1), GARBAGE], role=None)
         assert err.code() == StatusCode.INVALID_ARGUMENT, err.details()
         assert ps.rec.rejections == {"follow:malformed": 1}
-        failed = ps.failed  # type: ignore[attr-defined]
+        failed = ps.failed
         assert isinstance(failed, ShardLost), "shard 0 stops, as when a follower leaves"
         no_traceback(caplog)
     finally:

@@ -88,7 +88,7 @@ class ParameterServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
-        self.count_rejection = RejectionCounter(rec, lambda: self.core.version, clock).count
+        self.count_rejection = RejectionCounter(clock, rec, lambda: self.core.version).count
         self.segments = Attachments()
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
         self._checkpoint_soon = False
@@ -320,7 +320,7 @@ class ParameterServer:
         self.admission.admitted(h, p.id)
         return p, report, grad, segment
 
-    async def _read_push(self, ctx: grpc.aio.ServicerContext, h: pb.PushHeader, first: bytes, whole: bool,
+    async def _read_push(self, ctx: grpc.aio.ServicerContext, h: pb.PushHeader, first: memoryview, whole: bool,
                          ) -> tuple[StepReport, np.ndarray, Segment | None, float]:
         """The checks on ``h``, then its payload: the step report, the gradient, the segment it came
         through (if shared) and its squared norm (this PS's part's)."""

@@ -15,8 +15,8 @@ once, as ``push_part:orphan`` (``init_part:orphan``). Such parts cannot pile up 
 one of its worker's slots (``receiving.Slots``, at most two a worker) from its header until shard 0 names
 its push or it expires, and a part refused or expired gives its pages back to the OS soon after.
 
-A follower refuses a call as shard 0 does (``rejections.refuse``: a status, counted under the RPC's name,
-the guard's too), and checks the worker a call names as shard 0 does: the caller's token must be that
+A follower refuses a call as shard 0 does (``rejections``: a status, counted under the RPC's name by a
+``RejectionCounter``, the guard's too), and checks the worker a call names as shard 0 does: the caller's token must be that
 worker's, and the worker one of the run's ``cluster.workers`` (-1: the evaluator, pulling).
 
 Concurrency: the handlers, the Follow stream and the actions run on the server's event loop (as in
@@ -47,7 +47,7 @@ from switchps.ps_server.rpc.guard import Guard, as_worker
 from switchps.ps_server.core.actions import Apply, Count, Free, Join, Record, Release, SetOptimizer, execute
 from switchps.ps_server.model import ModelStore, Snapshot
 from switchps.ps_server.optimizers import adjust_optimizer
-from switchps.ps_server.rejections import refuse, rpc_name
+from switchps.ps_server.rejections import RejectionCounter, refuse, rpc_name
 from switchps.ps_server.rpc.service import SERVICE
 from switchps.ps_server.shard.action_wire import CARRIED, from_wire
 from switchps.ps_server.shard.checkpoint import PartSaver, capture, restore_part
@@ -79,7 +79,8 @@ class Follower:
         self.apply_s = 0.0
         """Seconds from each update's submission to its last block applied (written by the applier)."""
         self.guard: Guard | None = None  # set by ``server.Server`` when the run has a secret
-        self.rejections: Counter[str] = Counter()
+        refusals = RejectionCounter(time.monotonic, who=f"shard {shard}: ")
+        self.count_rejection, self.rejections = refusals.count, refusals.counts
         self.counts: Counter[str] = Counter()
         """Shard 0's actions carried out, by kind: ``join`` counts the parts applied, ``free`` and ``drop``
         those discarded, ``apply`` the updates."""
@@ -372,11 +373,6 @@ class Follower:
         as_worker(self.guard, ctx, worker, rpc)
         if not (0 <= worker < self.workers or (worker == -1 and rpc == "PullPart")):
             raise invalid("unknown_worker", f"unknown worker id {worker}")
-
-    def count_rejection(self, rpc: str, r: Rejected) -> None:
-        n = self.rejections[f"{rpc}:{r.reason}"] = self.rejections[f"{rpc}:{r.reason}"] + 1
-        if n == 1 or n % 1000 == 0:
-            log.warning("shard %d: %s rejected (%s): %s [%d of this kind]", self.shard, rpc, r.reason, r, n)
 
     def summary(self) -> dict[str, object]:
         """This shard's record (``shard-K.json``): what this process applied, discarded and refused (after
