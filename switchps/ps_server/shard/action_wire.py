@@ -43,8 +43,8 @@ def to_wire(a: Action, names: Mapping[int, Key]) -> pb.ShardAction | None:
                 protocol=a.protocol, time_budget_s=a.time_budget_s, wait_s=a.wait_s))
         case Release():
             return pb.ShardAction(release=pb.ReleasePart(
-                push=a.push_id, worker=a.worker, outcome=pb.PushOutcome(**dataclasses.asdict(a.outcome)),
-                order=pb.WorkOrder(**dataclasses.asdict(a.order))))
+                push=a.push_id, worker=a.worker, outcome=pb.PushOutcome(**vars(a.outcome)),
+                order=pb.WorkOrder(**vars(a.order))))
         case SetOptimizer():
             return pb.ShardAction(optimizer=pb.OptimizerChange(
                 lr_scale=a.lr_scale, has_momentum=a.momentum is not None, momentum=a.momentum or 0.0,
