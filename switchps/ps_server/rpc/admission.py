@@ -33,6 +33,8 @@ class Served(Protocol):
 
 
 class Admission(Protocol):
+    """The one interface by which a ``ParameterServer`` is shard 0 or an unsharded PS."""
+
     @property
     def followers(self) -> Leader | None:
         """A sharded PS's other shards (they checkpoint and stop when shard 0 says); None: unsharded."""
