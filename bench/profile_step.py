@@ -90,7 +90,8 @@ PS_RULES: list[Rule] = [
     ("core", "ps_server/core/protocols.py", ()),
     ("core", "ps_server/core/events.py", ()),
     ("core", "ps_server/rpc/service.py", ("ParameterServer._execute", "ParameterServer._note_progress",
-                                      "ParameterServer._arm", "ParameterServer._apply", "ParameterServer._fire")),
+                                      "ParameterServer._arm", "ParameterServer._fire")),
+    ("core", "ps_server/rpc/executor.py", ()),
     ("handler glue (service.py)", "ps_server/rpc/service.py", ()),
     ("handler glue (service.py)", "ps_server/rpc/local_pushes.py", ()),  # the socket's frames and replies
     ("gRPC aio and asyncio runtime", "grpc/", ()),

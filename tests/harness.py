@@ -12,9 +12,9 @@ from switchps.config.run import ProtocolSpec, SwitchSpec, TrainSpec
 from switchps.policies.base import Policy
 from switchps.ps_server.checkpointer import Parts
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.core.events import (
-    Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport,
-)
+from switchps.ps_server.core.actions import (Action, Apply, Count, Free, Join, Record, Release, SetOptimizer,
+                                             execute)
+from switchps.ps_server.core.events import Push, StepReport
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.sums import Sums
 
@@ -69,33 +69,42 @@ class Harness:
         self.log += actions
         if self.rec is not None and self.rec.t0 is None and self.core.started_at is not None:
             self.rec.start(self.core.started_at)
-        for a in actions:
-            if isinstance(a, Join):
-                freed = self.sums.join(a.aggregate_id, self.grads.pop(a.push_id))
-                if freed is not None:
-                    self.freed.append(freed)
-            elif isinstance(a, Free):
-                self.freed.append(self.grads.pop(a.push_id))
-            elif isinstance(a, Apply):
-                grad = self.sums.take(a.aggregate.id)
-                self.params -= self.lr_scale * a.lr_factor * grad.astype(np.float64) / a.aggregate.samples
-                self.applied.append(a)
-                if self.rec is not None:
-                    self.rec.update(a, self.lr_scale * a.lr_factor)
-            elif isinstance(a, Release):
-                assert a.push_id not in self.releases, f"push {a.push_id} released twice"
-                self.releases[a.push_id] = a
-            elif isinstance(a, SetOptimizer):
-                self.lr_scale = a.lr_scale
-                self.momentum = a.momentum if a.momentum is not None else self.momentum
-            elif isinstance(a, Record):
-                self.records.append(a)
-                if self.rec is not None:
-                    self.rec.event(a.event, **a.fields)
-            elif isinstance(a, Count):
-                self.counts[f"{a.what}:{a.reason}" if a.reason else a.what] += 1
-                if self.rec is not None:
-                    self.rec.count(a.what, a.reason)
+        execute(actions, self)
+
+    # ---- the core's actions (``actions.Executor``) ---------------------------------------------------
+
+    def join(self, a: Join) -> None:
+        freed = self.sums.join(a.aggregate_id, self.grads.pop(a.push_id))
+        if freed is not None:
+            self.freed.append(freed)
+
+    def free(self, a: Free) -> None:
+        self.freed.append(self.grads.pop(a.push_id))
+
+    def apply(self, a: Apply) -> None:
+        grad = self.sums.take(a.aggregate.id)
+        self.params -= self.lr_scale * a.lr_factor * grad.astype(np.float64) / a.aggregate.samples
+        self.applied.append(a)
+        if self.rec is not None:
+            self.rec.update(a, self.lr_scale * a.lr_factor)
+
+    def release(self, a: Release) -> None:
+        assert a.push_id not in self.releases, f"push {a.push_id} released twice"
+        self.releases[a.push_id] = a
+
+    def set_optimizer(self, a: SetOptimizer) -> None:
+        self.lr_scale = a.lr_scale
+        self.momentum = a.momentum if a.momentum is not None else self.momentum
+
+    def record(self, a: Record) -> None:
+        self.records.append(a)
+        if self.rec is not None:
+            self.rec.event(a.event, **a.fields)
+
+    def count(self, a: Count) -> None:
+        self.counts[f"{a.what}:{a.reason}" if a.reason else a.what] += 1
+        if self.rec is not None:
+            self.rec.count(a.what, a.reason)
 
     def push(self, worker: int, value: float | list[float], samples: int = 1, base: int | None = None,
              report: StepReport = StepReport(), step: int = 0, session: int = 0) -> int:
@@ -142,3 +151,31 @@ class Harness:
         applied = sum(a.aggregate.samples for a in self.applied)
         dropped = sum(self.pushed[i] for i, r in self.releases.items() if not r.outcome.applied)
         assert applied + dropped == sum(self.pushed.values()), "every sample applied once or counted dropped"
+
+
+class ActionLog:
+    """An executor that notes which method got which action."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Action]] = []
+
+    def join(self, a: Join) -> None:
+        self.calls.append(("join", a))
+
+    def free(self, a: Free) -> None:
+        self.calls.append(("free", a))
+
+    def apply(self, a: Apply) -> None:
+        self.calls.append(("apply", a))
+
+    def release(self, a: Release) -> None:
+        self.calls.append(("release", a))
+
+    def set_optimizer(self, a: SetOptimizer) -> None:
+        self.calls.append(("set_optimizer", a))
+
+    def record(self, a: Record) -> None:
+        self.calls.append(("record", a))
+
+    def count(self, a: Count) -> None:
+        self.calls.append(("count", a))

@@ -15,7 +15,8 @@ from harness import Harness
 from switchps.policies.base import Decision
 from switchps.policies.schedule import Schedule
 from switchps.ps_server.checkpointer import compose, restore
-from switchps.ps_server.core.events import Action, Apply, Join, Push, StepReport
+from switchps.ps_server.core.actions import Action, Apply, Join
+from switchps.ps_server.core.events import Push, StepReport
 
 Op = Callable[[Harness], None]
 

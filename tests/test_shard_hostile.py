@@ -52,7 +52,7 @@ def no_traceback(caplog: pytest.LogCaptureFixture) -> None:
 
 def still_serves(s: Sharded) -> None:
     """The followers are attached and a push is applied on every shard."""
-    assert s.ps.leader.lost is None and s.ps.leader.attached  # type: ignore[attr-defined]
+    assert s.ps.admission.leader.lost is None and s.ps.admission.leader.attached  # type: ignore[attr-defined]
     version = s.ps.core.version
     assert push(s.clients[0], 0, 0, grads(0, 0), version).applied
     assert [f.store.version for f in s.followers] == [version + 1]
@@ -72,7 +72,7 @@ def test_garbage_on_follow_is_invalid_argument_counted_without_a_traceback(make,
 
 def test_every_refused_follow_is_counted_once_and_the_run_goes_on(make, caplog):
     s = make(2, tokens=True, protocol={"name": "asp"})
-    s.ps.leader.wait_s = 0.5  # how long shard 0 waits for a hello (and for a verdict: set back below)
+    s.ps.admission.leader.wait_s = 0.5  # how long shard 0 waits for a hello (and for a verdict: set back below)
     verdict = pb.FollowerMessage(verdict=pb.Verdict(key=pb.PartKey(worker=0))).SerializeToString()
     held = threading.Event()
 
@@ -97,7 +97,7 @@ def test_every_refused_follow_is_counted_once_and_the_run_goes_on(make, caplog):
                 assert err.code() == code, (reason, err.details())
         finally:
             held.set()
-        s.ps.leader.wait_s = 5.0
+        s.ps.admission.leader.wait_s = 5.0
         still_serves(s)
     assert s.ps.rec.rejections == {f"follow:{reason}": 1 for *_, reason in cases}
     assert s.followers[0].rejections == {}
@@ -114,7 +114,7 @@ def test_a_malformed_message_from_an_attached_follower_ends_its_stream_counted(t
             err = follow(f"127.0.0.1:{server.port}", [hello(1), GARBAGE], role=None)
         assert err.code() == StatusCode.INVALID_ARGUMENT, err.details()
         assert ps.rec.rejections == {"follow:malformed": 1}
-        failed = ps.failed  # type: ignore[attr-defined]
+        failed = ps.failed
         assert isinstance(failed, ShardLost), "shard 0 stops, as when a follower leaves"
         no_traceback(caplog)
     finally:

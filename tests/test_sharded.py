@@ -86,7 +86,7 @@ def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None =
         servers.append(Server(followers[-1], "127.0.0.1:0", security))
         addresses.append(f"{host}:{servers[-1].port}")
     deadline = time.monotonic() + 10
-    while shards > 1 and not ps.leader.attached:  # type: ignore[attr-defined]
+    while shards > 1 and not ps.admission.leader.attached:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, "the followers attach"
         time.sleep(0.01)
     clients = [connect(addresses, layout, max_bytes, 2**20, client("worker", i)) for i in range(workers)]

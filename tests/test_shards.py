@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.ps_server.core.events import (
-    Aggregate, Apply, Join, Outcome, Push, Record, Release, SetOptimizer, WorkOrder,
-)
+from harness import ActionLog
+from switchps.ps_server.core.actions import Apply, Join, Record, Release, SetOptimizer, execute
+from switchps.ps_server.core.events import Aggregate, Outcome, Push, WorkOrder
+from switchps.ps_server.shard.action_wire import from_wire
 from switchps.ps_server.shard.followers import Leader, part_key
+from switchps.ps_server.shard.zero import Forwarding
 from switchps.refusals import Rejected
 
 KEY = (3, 11, 5, 99)
@@ -70,15 +72,21 @@ def test_the_core_actions_reach_the_followers_in_order_named_by_the_push():
     push = Push(7, 3, 5, 2, 0.0, 0.0, step=5, session=11)
     agg = Aggregate(0.0, [push], samples=2, id=4)
     release = Release(7, 3, Outcome(True, 0, 0.0), WorkOrder("asp", 1, 2, 0.0, 2, False))
-    leader.forward([Join(7, 4), Record("x", {}), Apply(1, agg, 0.5, "asp", 0.0, 0.0), release,
-                    SetOptimizer(2.0, None, "reset")])
+    here = ActionLog()
+    actions = [Join(7, 4), Record("x", {}), Apply(1, agg, 0.5, "asp", 0.0, 0.0), release,
+               SetOptimizer(2.0, None, "reset")]
+    execute(actions, Forwarding(here, leader))
     sent = [queue.get_nowait() for _ in range(queue.qsize())]
     assert [a.WhichOneof("kind") for a in sent] == ["join", "apply", "release", "optimizer"], "records stay here"
-    assert sent[0].join.key == part_key(KEY) and sent[0].join.aggregate == 4
-    assert (sent[1].apply.aggregate, sent[1].apply.samples, sent[1].apply.contributors, sent[1].apply.version,
-            sent[1].apply.lr_factor) == (4, 2, 1, 1, 0.5)
-    assert sent[2].release == part_key(KEY) and leader.keys == {}, "a push's name is forgotten at its release"
-    assert not sent[3].optimizer.has_momentum and sent[3].optimizer.state == "reset"
+    assert [a for _, a in here.calls] == actions, "and shard 0 carries out every action itself, in order"
+    names: dict[int, Any] = {}
+    joined, applied, released, optimizer = (from_wire(m, names) for m in sent)
+    assert joined == Join(7, 4) and names == {7: KEY}, "the join names the push's part"
+    assert isinstance(applied, Apply) and (applied.aggregate.id, applied.aggregate.samples,
+                                           len(applied.aggregate.members), applied.version, applied.lr_factor) \
+        == (4, 2, 1, 1, 0.5)
+    assert released == release and leader.keys == {}, "a push's name is forgotten at its release"
+    assert optimizer == SetOptimizer(2.0, None, "reset")
 
 
 def test_a_leader_counts_a_follower_as_attached_only_while_its_stream_is_open():

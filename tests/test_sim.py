@@ -174,14 +174,14 @@ def test_the_command_simulates_and_refuses_a_config_without_a_device_model(tmp_p
 
 
 def test_ctrl_c_leaves_a_valid_partial_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    apply = driver.Simulator._apply
+    apply = driver.Simulator.apply
 
     def interrupted_at_version_3(self: driver.Simulator, a: Any) -> None:
         if a.version == 3:
             raise KeyboardInterrupt
         apply(self, a)
 
-    monkeypatch.setattr(driver.Simulator, "_apply", interrupted_at_version_3)
+    monkeypatch.setattr(driver.Simulator, "apply", interrupted_at_version_3)
     with pytest.raises(KeyboardInterrupt):
         simulate(config(train={"steps": 10}), tmp_path / "r", time_only=True)
     summary = json.loads((tmp_path / "r" / "summary.json").read_text(), parse_constant=_no_constants)
@@ -323,7 +323,7 @@ def test_parameters_crossing_a_slow_link_are_kept_while_newer_versions_are_appli
     drawn: dict[tuple[int, int], np.ndarray] = {}  # (worker, step) -> the sample rows it drew
     at: dict[int, np.ndarray] = {}  # version -> the store's parameters at it
     learners: list[Real] = []
-    pulled, reply, begin = driver.Simulator._pulled, driver.Simulator._reply, SimWorker.begin
+    pulled, reply, begin = driver.Simulator._pulled, driver.Simulator.release, SimWorker.begin
     init, applied = Real.__init__, Real.applied
 
     def first(self: driver.Simulator, w: SimWorker, order: Any) -> None:
@@ -348,7 +348,7 @@ def test_parameters_crossing_a_slow_link_are_kept_while_newer_versions_are_appli
         applied(self, version)
         at[version] = self.values.copy()
 
-    for cls, name, spy in ((driver.Simulator, "_pulled", first), (driver.Simulator, "_reply", replying),
+    for cls, name, spy in ((driver.Simulator, "_pulled", first), (driver.Simulator, "release", replying),
                            (SimWorker, "begin", begun), (Real, "__init__", made), (Real, "applied", stored)):
         monkeypatch.setattr(cls, name, spy)
     cfg = config(protocol={"name": "asp"}, train={"steps": 30}, network={"ps_link_mbit_s": 0.5},

@@ -293,26 +293,92 @@ class FollowerMessage(_message.Message):
     def __init__(self, hello: _Optional[int] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., saved: _Optional[_Union[ShardSaved, _Mapping]] = ..., restored: _Optional[_Union[ShardSaved, _Mapping]] = ...) -> None: ...
 
 class JoinPart(_message.Message):
-    __slots__ = ("key", "aggregate")
+    __slots__ = ("key", "aggregate", "push")
     KEY_FIELD_NUMBER: _ClassVar[int]
     AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    PUSH_FIELD_NUMBER: _ClassVar[int]
     key: PartKey
     aggregate: int
-    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., aggregate: _Optional[int] = ...) -> None: ...
+    push: int
+    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., aggregate: _Optional[int] = ..., push: _Optional[int] = ...) -> None: ...
+
+class FreePart(_message.Message):
+    __slots__ = ("key", "push")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PUSH_FIELD_NUMBER: _ClassVar[int]
+    key: PartKey
+    push: int
+    def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., push: _Optional[int] = ...) -> None: ...
+
+class PushInfo(_message.Message):
+    __slots__ = ("id", "worker", "base_version", "samples", "loss_sum", "arrived", "staleness", "step", "session", "squares")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
+    ARRIVED_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    SQUARES_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    worker: int
+    base_version: int
+    samples: int
+    loss_sum: float
+    arrived: float
+    staleness: int
+    step: int
+    session: int
+    squares: float
+    def __init__(self, id: _Optional[int] = ..., worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., loss_sum: _Optional[float] = ..., arrived: _Optional[float] = ..., staleness: _Optional[int] = ..., step: _Optional[int] = ..., session: _Optional[int] = ..., squares: _Optional[float] = ...) -> None: ...
 
 class ApplyPart(_message.Message):
-    __slots__ = ("aggregate", "samples", "contributors", "lr_factor", "version")
+    __slots__ = ("aggregate", "samples", "lr_factor", "version", "started", "members", "protocol", "time_budget_s", "wait_s")
     AGGREGATE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
-    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
     LR_FACTOR_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    TIME_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     aggregate: int
     samples: int
-    contributors: int
     lr_factor: float
     version: int
-    def __init__(self, aggregate: _Optional[int] = ..., samples: _Optional[int] = ..., contributors: _Optional[int] = ..., lr_factor: _Optional[float] = ..., version: _Optional[int] = ...) -> None: ...
+    started: float
+    members: _containers.RepeatedCompositeFieldContainer[PushInfo]
+    protocol: str
+    time_budget_s: float
+    wait_s: float
+    def __init__(self, aggregate: _Optional[int] = ..., samples: _Optional[int] = ..., lr_factor: _Optional[float] = ..., version: _Optional[int] = ..., started: _Optional[float] = ..., members: _Optional[_Iterable[_Union[PushInfo, _Mapping]]] = ..., protocol: _Optional[str] = ..., time_budget_s: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class PushOutcome(_message.Message):
+    __slots__ = ("applied", "staleness", "wait_s", "note")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    staleness: int
+    wait_s: float
+    note: str
+    def __init__(self, applied: _Optional[bool] = ..., staleness: _Optional[int] = ..., wait_s: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ReleasePart(_message.Message):
+    __slots__ = ("push", "worker", "outcome", "order")
+    PUSH_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    push: int
+    worker: int
+    outcome: PushOutcome
+    order: WorkOrder
+    def __init__(self, push: _Optional[int] = ..., worker: _Optional[int] = ..., outcome: _Optional[_Union[PushOutcome, _Mapping]] = ..., order: _Optional[_Union[WorkOrder, _Mapping]] = ...) -> None: ...
 
 class OptimizerChange(_message.Message):
     __slots__ = ("lr_scale", "has_momentum", "momentum", "state", "state_scale")
@@ -352,12 +418,12 @@ class ShardAction(_message.Message):
     setup: Layout
     initialize: PartKey
     join: JoinPart
-    free: PartKey
+    free: FreePart
     apply: ApplyPart
-    release: PartKey
+    release: ReleasePart
     optimizer: OptimizerChange
     drop: DropPart
     stop: bool
     checkpoint: int
     restore: ShardSaved
-    def __init__(self, setup: _Optional[_Union[Layout, _Mapping]] = ..., initialize: _Optional[_Union[PartKey, _Mapping]] = ..., join: _Optional[_Union[JoinPart, _Mapping]] = ..., free: _Optional[_Union[PartKey, _Mapping]] = ..., apply: _Optional[_Union[ApplyPart, _Mapping]] = ..., release: _Optional[_Union[PartKey, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerChange, _Mapping]] = ..., drop: _Optional[_Union[DropPart, _Mapping]] = ..., stop: _Optional[bool] = ..., checkpoint: _Optional[int] = ..., restore: _Optional[_Union[ShardSaved, _Mapping]] = ...) -> None: ...
+    def __init__(self, setup: _Optional[_Union[Layout, _Mapping]] = ..., initialize: _Optional[_Union[PartKey, _Mapping]] = ..., join: _Optional[_Union[JoinPart, _Mapping]] = ..., free: _Optional[_Union[FreePart, _Mapping]] = ..., apply: _Optional[_Union[ApplyPart, _Mapping]] = ..., release: _Optional[_Union[ReleasePart, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerChange, _Mapping]] = ..., drop: _Optional[_Union[DropPart, _Mapping]] = ..., stop: _Optional[bool] = ..., checkpoint: _Optional[int] = ..., restore: _Optional[_Union[ShardSaved, _Mapping]] = ...) -> None: ...

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from switchps.jsonfile import dumps, write_json
-from switchps.ps_server.core.events import Apply, StepReport
+from switchps.ps_server.core.actions import Apply
+from switchps.ps_server.core.events import StepReport
 from switchps.ps_server.tensorboard import TensorBoard
 from switchps.straggler_trace import TRACE_FILE_COLUMNS
 

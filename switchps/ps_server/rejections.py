@@ -2,12 +2,14 @@
 an event, and the PS log gets at most one line per kind every ``LOG_EVERY_S`` (an anonymous caller must
 not fill the disk).
 
-Shard 0 (or an unsharded PS) and a follower shard refuse a call the same way (``refuse``), each counting
-in its own record, under one name per RPC (``rpc_name``) that the guard and the handlers share.
+Shard 0 (or an unsharded PS) and a follower shard refuse a call the same way (``refuse``) and count it
+the same way (``RejectionCounter``), each in its own record, under one name per RPC (``rpc_name``) that
+the guard and the handlers share.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 from collections.abc import Callable
@@ -28,24 +30,36 @@ log = logging.getLogger("switchps.ps")
 
 
 class RejectionCounter:
-    """``count(rpc, rejected)``, called on the event loop (the guard and the handlers run there)."""
+    """``count(rpc, rejected)``, called on the event loop (the guard and the handlers run there): by kind
+    (``rpc:reason``) in ``counts``, and a log line (prefixed ``who``) at most once a kind every
+    ``LOG_EVERY_S``. With a run record (shard 0, or an unsharded PS), ``counts`` are the record's, and the
+    first ``EVENTS_PER_REASON`` of a kind are also events; a follower shard keeps its own (``shard-K.json``)."""
 
-    def __init__(self, rec: RunRecorder, version: Callable[[], int], clock: Callable[[], float]) -> None:
-        self.rec, self.version, self.clock = rec, version, clock
+    def __init__(self, clock: Callable[[], float], rec: RunRecorder | None = None,
+                 version: Callable[[], int] = lambda: 0, who: str = "") -> None:
+        self.clock, self.rec, self.version, self.who = clock, rec, version, who
+        self.counts: collections.Counter[str] = rec.rejections if rec is not None else collections.Counter()
         self._logged: dict[str, float] = {}  # kind of rejection -> when a line about it was last logged
 
     def count(self, rpc: str, r: Rejected) -> None:
         kind = f"{rpc}:{r.reason}"
-        self.rec.reject(rpc, r.reason)
-        if rpc == "push":
-            PUSHES.labels("rejected").inc()
-        n = self.rec.rejections[kind]
-        if n <= EVENTS_PER_REASON:
-            self.rec.event(f"{rpc}_rejected", reason=r.reason, message=str(r), version=self.version())
+        if self.rec is None:
+            self.counts[kind] += 1
+        else:
+            self._record(rpc, r)
         now, last = self.clock(), self._logged.get(kind)
         if last is None or now - last >= LOG_EVERY_S:
             self._logged[kind] = now
-            log.warning("%s rejected (%s): %s [%d of this kind so far]", rpc, r.reason, r, n)
+            log.warning("%s%s rejected (%s): %s [%d of this kind so far]", self.who, rpc, r.reason, r,
+                        self.counts[kind])
+
+    def _record(self, rpc: str, r: Rejected) -> None:
+        assert self.rec is not None
+        self.rec.reject(rpc, r.reason)  # which counts it in ``counts``
+        if rpc == "push":
+            PUSHES.labels("rejected").inc()
+        if self.counts[f"{rpc}:{r.reason}"] <= EVENTS_PER_REASON:
+            self.rec.event(f"{rpc}_rejected", reason=r.reason, message=str(r), version=self.version())
 
 
 def rpc_name(method: str) -> str:

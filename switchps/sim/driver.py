@@ -19,9 +19,9 @@ from functools import partial
 
 from switchps.config.run import RunConfig
 from switchps.ps_server.core.machine import Core
-from switchps.ps_server.core.events import (
-    Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer, StepReport, WorkOrder,
-)
+from switchps.ps_server.core.actions import (Action, Apply, Count, Free, Join, Record, Release, SetOptimizer,
+                                             execute)
+from switchps.ps_server.core.events import Push, StepReport, WorkOrder
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.optimizers import Optimizer, adjust_optimizer, apply_update
 from switchps.ps_server.records import RunRecorder
@@ -120,7 +120,9 @@ class Simulator:
         self.rec.step(p.worker, p.base_version, p.samples, report)
         self._execute(self.core.push(p, report, now))
 
-    def _reply(self, r: Release) -> None:
+    # ---- the core's actions (``actions.Executor``) --------------------------------------------------
+
+    def release(self, r: Release) -> None:
         """A held reply goes out: a stop ends the worker, else its parameters cross the link."""
         if r.order.stop:
             self.told_stop.add(r.worker)
@@ -132,32 +134,31 @@ class Simulator:
         w.replied(self.loop.now, r.outcome.wait_s)
         self._begin(w, r.order)
 
-    # ---- the core's actions ----------------------------------------------------------------------
-
     def _execute(self, actions: list[Action]) -> None:
         """Carry out the core's actions in order, as the service does; then re-arm its timer."""
-        for a in actions:
-            if isinstance(a, Join):
-                self.joined[a.aggregate_id].append(a.push_id)
-            elif isinstance(a, Free):
-                self.learner.done(self.works.pop(a.push_id))
-            elif isinstance(a, Apply):
-                self._apply(a)
-            elif isinstance(a, Release):
-                self._reply(a)
-            elif isinstance(a, SetOptimizer):
-                adjust_optimizer(self.parts.optimizer, lr_scale=a.lr_scale, state=a.state,
-                                 state_scale=a.state_scale, momentum=a.momentum)
-            elif isinstance(a, Record):
-                self.rec.event(a.event, **a.fields)
-            elif isinstance(a, Count):
-                self.rec.count(a.what, a.reason)
+        execute(actions, self)
         self._arm()
         if self.core.done and not self.evaluated:
             self.evaluated = True
             self.final = self._score()
 
-    def _apply(self, a: Apply) -> None:
+    def join(self, a: Join) -> None:
+        self.joined[a.aggregate_id].append(a.push_id)
+
+    def free(self, a: Free) -> None:
+        self.learner.done(self.works.pop(a.push_id))
+
+    def set_optimizer(self, a: SetOptimizer) -> None:
+        adjust_optimizer(self.parts.optimizer, lr_scale=a.lr_scale, state=a.state, state_scale=a.state_scale,
+                         momentum=a.momentum)
+
+    def record(self, a: Record) -> None:
+        self.rec.event(a.event, **a.fields)
+
+    def count(self, a: Count) -> None:
+        self.rec.count(a.what, a.reason)
+
+    def apply(self, a: Apply) -> None:
         """The aggregate's gradient sum, then the store's update rule, as version ``a.version``."""
         works = [self.works.pop(i) for i in self.joined.pop(a.aggregate.id)]
         assert [w.worker for w in works] == [m.worker for m in a.aggregate.members], "joins are the members"

@@ -16,7 +16,8 @@ from statistics import median
 from typing import Any
 
 from switchps.policies.base import ClusterView, Decision, Policy, WorkerStats
-from switchps.ps_server.core.events import Batches, Budget, Membership, Push, Record, StepReport
+from switchps.ps_server.core.actions import Record
+from switchps.ps_server.core.events import Batches, Budget, Membership, Push, StepReport
 from switchps.ps_server.core.protocols import SyncProtocol
 
 

@@ -1,17 +1,16 @@
-"""What flows into the protocol core and what comes out of it: plain data, no behaviour, no I/O, no arrays.
+"""What flows into the protocol core: plain data, no behaviour, no I/O, no arrays.
 
 A driver (the gRPC service, the test harness, the simulator) hands the core events such as a ``Push``
-with the time it happened, and executes the actions it gets back, in order: ``Join`` a push's gradient
-into an open aggregate, ``Free`` a push's buffer, ``Apply`` an aggregate as the next version,
-``Release`` a held reply, ``SetOptimizer``, ``Record`` an event or ``Count`` a push. The core never sees
-a gradient: the driver keeps each push's buffer by push id and each open aggregate's sum by aggregate id
-(``ps_server.sums``), so a push may carry no payload at all (a time-only simulation).
+with the time it happened, and executes the actions it gets back (``actions``), in order. The core never
+sees a gradient: the driver keeps each push's buffer by push id and each open aggregate's sum by
+aggregate id (``ps_server.sums``), so a push may carry no payload at all (a time-only simulation). Here
+also: the aggregates, work orders and outcomes the actions carry, and their checkpoint form.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 
 
 class Settings(Protocol):
@@ -159,73 +158,6 @@ class Outcome:
     staleness: int
     wait_s: float
     note: str = ""
-
-
-@dataclass(frozen=True)
-class Join:
-    """Add push ``push_id``'s gradient into aggregate ``aggregate_id``'s sum (the first push's buffer
-    becomes the sum; a later one's is added, in arrival order, and freed)."""
-
-    push_id: int
-    aggregate_id: int
-
-
-@dataclass(frozen=True)
-class Free:
-    """Push ``push_id``'s buffer is not needed (a dropped push, a resent one): back to the pool."""
-
-    push_id: int
-
-
-@dataclass
-class Apply:
-    """Apply aggregate ``aggregate``'s sum as model version ``version`` (consuming the sum)."""
-
-    version: int
-    aggregate: Aggregate
-    lr_factor: float
-    protocol: str
-    time_budget_s: float
-    wait_s: float
-
-
-@dataclass(frozen=True)
-class Release:
-    """Send push ``push_id``'s reply now."""
-
-    push_id: int
-    worker: int
-    outcome: Outcome
-    order: WorkOrder
-
-
-@dataclass(frozen=True)
-class SetOptimizer:
-    """Put a learning-rate scale and momentum in force (between the updates before and after)."""
-
-    lr_scale: float
-    momentum: float | None
-    state: str = "keep"
-    state_scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class Record:
-    """An event for the run record."""
-
-    event: str
-    fields: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Count:
-    """Count a push as accepted or dropped (with its reason)."""
-
-    what: str
-    reason: str | None = None
-
-
-Action = Union[Join, Free, Apply, Release, SetOptimizer, Record, Count]
 
 
 # ---- checkpoint data: plain dicts, times relative to the moment of saving ------------------------------

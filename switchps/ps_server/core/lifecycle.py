@@ -11,7 +11,8 @@ from typing import Any
 
 from switchps.config.run import TrainSpec
 from switchps.policies.base import Decision
-from switchps.ps_server.core.events import Membership, Record, absolute, relative
+from switchps.ps_server.core.actions import Record
+from switchps.ps_server.core.events import Membership, absolute, relative
 from switchps.ps_server.core.protocols import SyncProtocol
 from switchps.refusals import invalid, precondition
 

@@ -24,9 +24,8 @@ from switchps.ps_server.core.admission import Orders, Receipts
 from switchps.ps_server.core.lifecycle import Lifecycle
 from switchps.ps_server.core.outbox import Outbox
 from switchps.ps_server.core.switching import Pending, Switching
-from switchps.ps_server.core.events import (
-    Action, Effect, Membership, Push, Record, Release, StepReport, WorkOrder,
-)
+from switchps.ps_server.core.actions import Action, Record, Release
+from switchps.ps_server.core.events import Effect, Membership, Push, StepReport, WorkOrder
 
 
 class Part(Protocol):

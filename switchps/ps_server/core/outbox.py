@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from switchps.ps_server.core.events import Action, Count, Effect, Free, Join, Outcome, Push, Record
+from switchps.ps_server.core.actions import Action, Count, Free, Join, Record
+from switchps.ps_server.core.events import Effect, Outcome, Push
 
 
 class Outbox:

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from switchps.config.run import ProtocolSpec, SwitchSpec
 from switchps.policies.base import Decision
-from switchps.ps_server.core.events import Action, Apply, Batches, Effect, Membership, Record, SetOptimizer, Update
+from switchps.ps_server.core.actions import Action, Apply, Record, SetOptimizer
+from switchps.ps_server.core.events import Batches, Effect, Membership, Update
 from switchps.ps_server.core.overhead import SwitchRecord
 from switchps.ps_server.core.protocols import PROTOCOLS, make_protocol
 from switchps.ps_server.core.rescale import ramp, rescaled, restore_factor

@@ -12,7 +12,6 @@ from prometheus_client import start_http_server
 from switchps.address import publish, published, reachable, split
 from switchps.security.channels import server_security
 from switchps.config.run import RunConfig
-from switchps.errors import RunDirError
 from switchps import resources
 from switchps.resources import ResourceSampler
 from switchps.protos.heap import one_arena
@@ -25,6 +24,7 @@ from switchps.ps_server.records import PS_COLUMNS, RunRecorder
 from switchps.ps_server.drivers import build_core, prepare_run_dir, run_summary
 from switchps.ps_server.rpc.server import Servable, Server
 from switchps.ps_server.rpc.service import ParameterServer
+from switchps.ps_server.rpc.admission import Admission, Alone
 from switchps.ps_server.shard.zero import ShardZero
 from switchps.ps_server.shard.followers import Leader
 
@@ -43,16 +43,15 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, resume=record_position(resume.state) if resume else None,
                       clock=clock)
     followers = len(cfg.cluster.shards) - 1
-    ps = (ShardZero if followers else ParameterServer)(core, store, rec, link, cfg.runtime.receive_timeout_s,
-                                                       int(cfg.runtime.max_model_mb * 2**20), clock=clock,
-                                                       max_grad_norm=cfg.runtime.max_grad_norm)
-    if isinstance(ps, ShardZero):
-        ps.sharded(Leader(followers, cfg.runtime.receive_timeout_s), cfg.runtime.shard_max_bytes)
-    parts = Parts(core, store.sums, rec, store, ps, ps.leader if isinstance(ps, ShardZero) else None)
+    admission: Admission = Alone()
+    if followers:
+        admission = ShardZero(Leader(followers, cfg.runtime.receive_timeout_s), cfg.runtime.shard_max_bytes, rec)
+    ps = ParameterServer(core, store, rec, link, cfg.runtime.receive_timeout_s, int(cfg.runtime.max_model_mb * 2**20),
+                         clock=clock, max_grad_norm=cfg.runtime.max_grad_norm, admission=admission)
+    parts = Parts(core, store.sums, rec, store, ps, admission.followers)
     if resume is not None:
         restore(parts, resume.state, resume.version, time.monotonic())
-        if isinstance(ps, ShardZero):
-            ps.leader.resume = (resume.version, shard_manifest(resume, followers))
+        admission.resumed(resume)
         _note_resume(ps, resume)
     ck = cfg.checkpoint
     if ck.every_s or ck.every_updates:
@@ -69,21 +68,22 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     ps = build_ps(cfg, run_dir, ckpt)
     sampler = ResourceSampler("ps", run_dir / "resources.csv")
     server = serve(ps, cfg, run_dir, resume)
+    followers = ps.admission.followers  # a sharded PS's: they serve until its final checkpoint is taken
     if cfg.runtime.metrics_port is not None:
         start_http_server(cfg.runtime.metrics_port)
     try:
         ps.finished.wait()
         ps.final_evaluated.wait(cfg.eval.final_timeout_s)
         ps.all_told_stop.wait(STOP_GRACE_S)
-        if isinstance(ps, ShardZero):  # every worker has its last reply: a last checkpoint, then the followers go
-            if ps.failed:  # it sets every event the waits above are on
-                raise ps.failed
+        if ps.failed:  # ``end`` sets every event the waits above are on
+            raise ps.failed
+        if followers is not None:  # every worker has its last reply: a last checkpoint, then the followers go
             _final_checkpoint(ps, lambda take: server.call(take))
-            server.call(ps.leader.stop)
+            server.call(followers.stop)
     finally:
         server.stop(grace=1.0)
     ps.store.wait_idle(timeout=60)  # every queued update applied and recorded
-    if not isinstance(ps, ShardZero):
+    if followers is None:
         _final_checkpoint(ps, lambda take: take())
     if ps.checkpointer is not None:
         ps.checkpointer.close(120)
@@ -136,16 +136,6 @@ def bind_server(ps: Servable, cfg: RunConfig, run_dir: Path, shard: int, reuse: 
         except OSError as e:
             log.warning("%s, which shard %d had before its restart; binding another port", e, shard)
     return Server(ps, bind, security)
-
-
-def shard_manifest(ckpt: Checkpoint, followers: int) -> dict[str, str]:
-    """The followers' part digests in shard 0's checkpoint; ``RunDirError`` if it was made by a PS with
-    another number of shards."""
-    manifest = ckpt.state.get("shards") or {}
-    if sorted(manifest) != [str(k) for k in range(1, followers + 1)]:
-        raise RunDirError(f"{ckpt.path}: made by a PS of {len(manifest) + 1} shards; cluster.ps lists "
-                          f"{followers + 1} (a resume keeps the number of shards)")
-    return dict(manifest)
 
 
 def bind_address(cfg: RunConfig, shard: int) -> str:

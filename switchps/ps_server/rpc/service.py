@@ -6,14 +6,14 @@ payload bytes never pass through protobuf. Control RPCs (Register, Status, Eval)
 A push: read and check its frames, hand it to the ``Core`` with the time, execute the actions it
 returns in order (apply an update through the ``ModelStore``, release held replies, record), and await
 this push's own release; the reply streams the version's chunks as the applier publishes them, or, for
-a model updated inline (``model.py``), is copied straight from its values. Between events, a due
+a model updated inline (``store.py``), is copied straight from its values. Between events, a due
 checkpoint is taken (``checkpointer``).
 
 Concurrency: every handler, the core and the link emulation run on one asyncio event loop
 (``server.Server`` gives it a thread of its own), so none of them needs a lock, and a stream that sends
 nothing holds no thread: it cannot starve the health service or other RPCs, and is cut after
 ``receive_timeout_s``. Other threads (the store's applier, the only writer of the parameters, which a
-small model's updates skip: ``model.py``; the recorder's flusher; the checkpoint writer) are reached
+small model's updates skip: ``store.py``; the recorder's flusher; the checkpoint writer) are reached
 only through their own locks and queues, and learn of progress through threading events.
 
 Hostile input: a push is read to the end of its stream and validated before it reaches the core, and
@@ -41,23 +41,23 @@ from switchps.protos.codec import (PayloadWriter, aencode, decode, encode, fill,
                                    whole_frame)
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
+from switchps.ps_server.rpc.admission import Admission, Alone
 from switchps.ps_server.rpc.attachments import Attachments, write_values
+from switchps.ps_server.rpc.executor import StoreExecutor
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.rpc.guard import Guard, as_worker
-from switchps.ps_server.core.events import (Action, Apply, Count, Free, Join, Push, Record, Release, SetOptimizer,
-                                       StepReport, WorkOrder)
+from switchps.ps_server.core.actions import Action, Executor, Release, execute
+from switchps.ps_server.core.events import Push, StepReport, WorkOrder
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.rejections import PUSHES, RejectionCounter, refuse
-from switchps.ps_server.optimizers import adjust_optimizer
 from switchps.ps_server.validate import check_eval, check_grad_norm, check_layout
 from switchps.refusals import Rejected, invalid, precondition
 
 SERVICE = "switchps.ParameterServer"
-VERSION = Gauge("switchps_model_version", "Current model version")
 PUSH_STREAMS = Gauge("switchps_push_streams", "Push streams open on the PS: being read or awaiting their reply")
 
 
@@ -66,7 +66,9 @@ class ParameterServer:
 
     def __init__(self, core: Core, store: ModelStore, rec: RunRecorder, link: DuplexLink | None = None,
                  receive_timeout_s: float = 30.0, max_model_bytes: int = 2**33,
-                 clock: Callable[[], float] = time.monotonic, max_grad_norm: float | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_grad_norm: float | None = None,
+                 admission: Admission | None = None) -> None:
+        """``admission``: shard 0's of a sharded PS (``shard.zero.ShardZero``); by default, unsharded."""
         self.core, self.store, self.rec, self.link, self.clock = core, store, rec, link, clock
         self.receive_timeout_s, self.max_model_bytes = receive_timeout_s, max_model_bytes
         self.max_grad_norm = max_grad_norm  # ``runtime.max_grad_norm``: a push's bound per sample (``validate``)
@@ -79,10 +81,15 @@ class ParameterServer:
         self._ids = itertools.count()
         self._held: dict[int, asyncio.Future[tuple[Release, Snapshot]]] = {}
         self._grads: dict[int, np.ndarray] = {}  # push id -> its gradient buffer, until the core joins or frees it
+        self.admission = admission or Alone()
+        self.executor: Executor = self.admission.executor(StoreExecutor(store, rec, self._grads, self._held))
+        self.failed: Exception | None = None
+        """Why the run stopped before training was over (``end``)."""
+        self.admission.bind(self.end)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
-        self.count_rejection = RejectionCounter(rec, lambda: self.core.version, clock).count
+        self.count_rejection = RejectionCounter(clock, rec, lambda: self.core.version).count
         self.segments = Attachments()
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
         self._checkpoint_soon = False
@@ -92,32 +99,8 @@ class ParameterServer:
 
     def _execute(self, actions: list[Action]) -> None:
         """Carry out the core's actions in order, then note what changed and re-arm its timer."""
-        for a in actions:
-            if isinstance(a, Join):
-                self.store.join(a.aggregate_id, self._grads.pop(a.push_id))
-            elif isinstance(a, Free):
-                self.store.recycle(self._grads.pop(a.push_id))
-            elif isinstance(a, Apply):
-                self._apply(a)
-            elif isinstance(a, Release):
-                fut = self._held.pop(a.push_id, None)
-                if fut is not None and not fut.done():  # a cancelled pusher is no longer listening
-                    fut.set_result((a, self.store.snapshot()))
-            elif isinstance(a, SetOptimizer):
-                self.store.control(partial(adjust_optimizer, lr_scale=a.lr_scale, state=a.state,
-                                           state_scale=a.state_scale, momentum=a.momentum))
-            elif isinstance(a, Record):
-                self.rec.event(a.event, **a.fields)
-            elif isinstance(a, Count):
-                self.rec.count(a.what, a.reason)
+        execute(actions, self.executor)
         self._note_progress()
-
-    def _apply(self, a: Apply) -> None:
-        agg = a.aggregate
-        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor,
-                                 on_applied=partial(self.rec.update, a))
-        assert snap.version == a.version, "the store and the core count versions alike"
-        VERSION.set(a.version)
 
     def on_serving(self) -> None:
         self._note_progress()  # the server is up: publish a restored core's progress, arm its timer
@@ -157,6 +140,13 @@ class ParameterServer:
         self._timer_at = self._timer = None
         self._execute(self.core.timer(self.clock()))
 
+    def end(self, why: Exception) -> None:
+        """Stop the run before training is over (a PS shard left, or could not resume): every wait on the
+        run returns, and ``failed`` says why."""
+        self.failed = why
+        for ended in (self.finished, self.final_evaluated, self.all_told_stop):
+            ended.set()
+
     async def _until_started(self) -> None:
         if self._started_async is None:
             self._started_async = asyncio.Event()
@@ -172,22 +162,14 @@ class ParameterServer:
             as_worker(self.guard, ctx, req.worker, "Register")
             check_layout(req.layout, self.max_model_bytes)
             self.core.check_register(req.worker, req.partition_size)
-            first = self._adopt(req)
+            first = self.layout is None
+            self.layout = self.admission.adopt(req, self.layout)
             actions = self.core.register(req.worker, req.partition_size, self.clock())
         except Rejected as r:
             await self._reject(ctx, "register", r)
         self._execute(actions)
         order = _order(self.core.issue(req.worker, self.clock()))
         return pb.RegisterReply(send_init=first, order=order, num_workers=self.core.members.num_workers)
-
-    def _adopt(self, req: pb.RegisterRequest) -> bool:
-        """The first registration's layout becomes the model's; returns whether this was the first."""
-        first = self.layout is None
-        adopted = self.layout = self.layout or req.layout
-        if req.layout.digest != adopted.digest:
-            raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
-                                         "(same model config on every worker?)")
-        return first
 
     async def status(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
         try:
@@ -265,11 +247,13 @@ class ParameterServer:
             async with self.store.buffers.receiving(layout_size(layout)) as values:
                 if not await fill(PayloadWriter(values, check_finite=True), first, ctx, self.receive_timeout_s):
                     raise invalid("non_finite", "initial values are not finite")
-                await self._accepted(header)
+                await self.admission.accepted(header)
+        self.admission.admitted(header, None)
         return header.worker, layout, values
 
     async def pull(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
+            self.admission.check_ready()
             req, _ = decode(request, pb.PullRequest)
             as_worker(self.guard, ctx, req.worker, "Pull")
             if req.worker != -1 and req.worker not in self.core.members.registered:
@@ -322,14 +306,25 @@ class ParameterServer:
             yield frame
 
     async def _receive_push(self, ctx: grpc.aio.ServicerContext, whole: bytes | None,
-                            named: Callable[[pb.PushHeader], None] = lambda h: None,
                             ) -> tuple[Push, StepReport, np.ndarray, Segment | None]:
-        """Validate a push and read it to the end of its stream; the core sees it only if this returns.
-        ``named`` sees the header once it is read (a sharded PS's shard 0 drops a refused push's parts)."""
-        timeout_s = None if whole is not None else self.receive_timeout_s  # None: no frames follow
+        """Validate a push and read it to the end of its stream; the core sees it only if this returns (and
+        the admission has admitted it: a refusal after its header is the admission's to hear of too)."""
         h, first = decode(whole if whole is not None else await first_frame(ctx, self.receive_timeout_s),
                           pb.PushHeader)
-        named(h)
+        try:
+            report, grad, segment, squares = await self._read_push(ctx, h, first, whole is not None)
+        except BaseException as e:
+            self.admission.refused(h, str(e))
+            raise
+        p = Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
+                 step=report.step, session=h.session, squares=squares)
+        self.admission.admitted(h, p.id)
+        return p, report, grad, segment
+
+    async def _read_push(self, ctx: grpc.aio.ServicerContext, h: pb.PushHeader, first: memoryview, whole: bool,
+                         ) -> tuple[StepReport, np.ndarray, Segment | None, float]:
+        """The checks on ``h``, then its payload: the step report, the gradient, the segment it came
+        through (if shared) and its squared norm (this PS's part's)."""
         as_worker(self.guard, ctx, h.worker, "Push")
         self.store.check(h.layout_digest, h.nbytes)
         report = _report(h.stats)
@@ -340,17 +335,12 @@ class ParameterServer:
         with self.store.slots.holding(h.worker):  # one worker's stalled pushes hold no other worker's slots
             async with self.store.buffers.receiving() as grad:
                 payload = PayloadWriter(grad, check_finite=True)
-                if not await fill(payload, first, ctx, timeout_s):
+                if not await fill(payload, first, ctx, None if whole else self.receive_timeout_s):
                     raise invalid("non_finite", "gradient has NaN or inf values")
-                check_grad_norm(payload.squares, h.samples, self.max_grad_norm)
-                await self._accepted(h, payload.squares)
-        return Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
-                    step=report.step, session=h.session, squares=payload.squares), report, grad, segment
-
-    async def _accepted(self, h: pb.PushHeader | pb.InitHeader, squares: float = 0.0) -> None:
-        """Return once the payload ``h`` heads, received whole and valid (its squared norm ``squares``), may
-        go to the core: at once here; a sharded PS's shard 0 waits for its parts' verdicts. Its worker's
-        slot and its buffer are held meanwhile, and a refusal raised here discards the buffer."""
+                check_grad_norm(payload.squares, h.samples, self.max_grad_norm)  # before any wait
+                others = await self.admission.accepted(h)  # the whole push's bound: every part's squares
+                check_grad_norm(payload.squares + others, h.samples, self.max_grad_norm)
+        return report, grad, segment, payload.squares
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None, worker: int,
                     segment: Segment | None = None, whole: bool = False) -> AsyncIterator[bytes]:
@@ -400,6 +390,7 @@ class ParameterServer:
             "PushSmall": grpc.unary_unary_rpc_method_handler(self.push_small, **raw),
             "Attach": grpc.unary_unary_rpc_method_handler(self.attach, None, pb.AttachReply.SerializeToString),
             "Pull": grpc.unary_stream_rpc_method_handler(self.pull, **raw),
+            **self.admission.methods(self),
         }
 
 

@@ -3,10 +3,11 @@
 It decides nothing. Workers send it part k of their pushes (``PushPart``) and of the initial values
 (``InitPart``); it reads and checks each part as shard 0 checks a push (its layout and size, every value
 finite), keeps it by the push's name and reports a ``Verdict`` to shard 0 on its ``Follow`` stream. Shard
-0 streams back the core's actions in order (``switchps.ps_server.shard.followers``), which this shard carries out
-on its ``ModelStore`` exactly as shard 0's service does: join a part into an aggregate, free it, apply an
-aggregate at the version shard 0 names, change the optimizer, answer a released push with the part at
-the version now applied, or drop a push another shard refused.
+0 streams back the core's actions in order (``switchps.ps_server.shard.followers``, in their wire form:
+``action_wire``), which this shard, an ``Executor``, carries out on its ``ModelStore`` exactly as shard
+0's service does: join a part into an aggregate, free it, apply an aggregate at the version shard 0
+names, change the optimizer, answer a released push with the part at the version now applied, or drop a
+push another shard refused.
 
 A part whose push shard 0 never names (the worker died between its calls, or sent only here) is dropped
 after twice ``runtime.receive_timeout_s``; the call waiting for it is refused (ABORTED) and counted,
@@ -14,8 +15,8 @@ once, as ``push_part:orphan`` (``init_part:orphan``). Such parts cannot pile up 
 one of its worker's slots (``receiving.Slots``, at most two a worker) from its header until shard 0 names
 its push or it expires, and a part refused or expired gives its pages back to the OS soon after.
 
-A follower refuses a call as shard 0 does (``rejections.refuse``: a status, counted under the RPC's name,
-the guard's too), and checks the worker a call names as shard 0 does: the caller's token must be that
+A follower refuses a call as shard 0 does (``rejections``: a status, counted under the RPC's name by a
+``RejectionCounter``, the guard's too), and checks the worker a call names as shard 0 does: the caller's token must be that
 worker's, and the worker one of the run's ``cluster.workers`` (-1: the evaluator, pulling).
 
 Concurrency: the handlers, the Follow stream and the actions run on the server's event loop (as in
@@ -43,11 +44,13 @@ from switchps.protos.codec import PayloadWriter, aencode, decode, fill, first_fr
 from switchps.protos.layout import layout_size
 from switchps.protos.partition import of_layout, part_layout
 from switchps.ps_server.rpc.guard import Guard, as_worker
+from switchps.ps_server.core.actions import Apply, Count, Free, Join, Record, Release, SetOptimizer, execute
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
 from switchps.ps_server.optimizers import adjust_optimizer
-from switchps.ps_server.rejections import refuse, rpc_name
+from switchps.ps_server.rejections import RejectionCounter, refuse, rpc_name
 from switchps.ps_server.rpc.service import SERVICE
+from switchps.ps_server.shard.action_wire import CARRIED, from_wire
 from switchps.ps_server.shard.checkpoint import PartSaver, capture, restore_part
 from switchps.ps_server.shard.followers import INIT_STEP, Key, key_of, part_key
 from switchps.refusals import Rejected, invalid, precondition
@@ -77,24 +80,26 @@ class Follower:
         self.apply_s = 0.0
         """Seconds from each update's submission to its last block applied (written by the applier)."""
         self.guard: Guard | None = None  # set by ``server.Server`` when the run has a secret
-        self.rejections: Counter[str] = Counter()
+        refusals = RejectionCounter(time.monotonic, who=f"shard {shard}: ")
+        self.count_rejection, self.rejections = refusals.count, refusals.counts
         self.counts: Counter[str] = Counter()
         """Shard 0's actions carried out, by kind: ``join`` counts the parts applied, ``free`` and ``drop``
         those discarded, ``apply`` the updates."""
         self.finished, self.failed = threading.Event(), threading.Event()
         self._parts: dict[Key, np.ndarray] = {}
+        self._names: dict[int, Key] = {}  # shard 0's push id -> its part's name, from its join or free to its release
         self._dropped: dict[Key, str] = {}  # the latest pushes shard 0 refused, oldest first
         self._held: dict[Key, list[asyncio.Future[Snapshot]]] = {}
         self._out: asyncio.Queue[pb.FollowerMessage] | None = None
         self._layout: pb.Layout | None = None
         self._set_up: asyncio.Event | None = None
-        self._applied: asyncio.Condition | None = None
+        self._applied: asyncio.Event | None = None
 
     # ---- the Follow stream -----------------------------------------------------------------------
 
     def on_serving(self) -> None:
         """The server is up (on its loop): attach to shard 0."""
-        self._out, self._set_up, self._applied = asyncio.Queue(), asyncio.Event(), asyncio.Condition()
+        self._out, self._set_up, self._applied = asyncio.Queue(), asyncio.Event(), asyncio.Event()
         asyncio.get_running_loop().create_task(self._follow())
 
     async def _follow(self) -> None:
@@ -104,8 +109,8 @@ class Follower:
         call = channel.stream_stream(f"/{SERVICE}/Follow", request_serializer=pb.FollowerMessage.SerializeToString,
                                      response_deserializer=pb.ShardAction.FromString)
         try:
-            async for action in call(self._outgoing(), metadata=self.security.metadata, wait_for_ready=True):
-                await self._execute(action)
+            async for msg in call(self._outgoing(), metadata=self.security.metadata, wait_for_ready=True):
+                self._carry(msg)
         except grpc.aio.AioRpcError as e:
             log.error("shard %d: the stream from shard 0 at %s broke: %s", self.shard, self.leader, e.details())
         finally:
@@ -118,43 +123,64 @@ class Follower:
         while True:
             yield await self._out.get()
 
-    async def _execute(self, a: pb.ShardAction) -> None:
-        """Carry out one of shard 0's actions (they arrive in the order shard 0 carried them out)."""
-        kind = a.WhichOneof("kind")
+    def _carry(self, msg: pb.ShardAction) -> None:
+        """Carry out one of shard 0's messages (they arrive in the order shard 0 carried them out): a core
+        action (``action_wire``), or shard 0's own word on the parts and the run."""
+        kind = msg.WhichOneof("kind")
         self.counts[kind] += 1
-        if kind == "setup":
-            self._setup(a.setup)
+        if kind in CARRIED:
+            execute([from_wire(msg, self._names)], self)
+        elif kind == "setup":
+            self._setup(msg.setup)
         elif kind == "initialize":
-            key = key_of(a.initialize)
+            key = key_of(msg.initialize)
             self.store.initialize(self._part_layout(), self._take(key))
             self._answer(key, self.store.snapshot())
-            await self._note_applied()
-        elif kind == "join":
-            self.store.join(a.join.aggregate, self._take(key_of(a.join.key)))
-        elif kind in ("free", "drop"):
-            key = key_of(a.free if kind == "free" else a.drop.key)
+            self._note_applied()
+        elif kind == "drop":
+            key = key_of(msg.drop.key)
             if key in self._parts:  # a dropped (refused) push's part gives its pages back to the OS
-                (self.store.recycle if kind == "free" else self.store.buffers.discard)(self._take(key))
-            if kind == "drop":
-                self._drop(key, a.drop.reason)
-        elif kind == "apply":
-            u, t0 = a.apply, time.perf_counter()
-            snap = self.store.submit(u.aggregate, u.samples, u.contributors, u.lr_factor,
-                                     on_applied=partial(self._applied_since, t0))
-            assert snap.version == u.version, "every shard counts versions alike"
-            await self._note_applied()
-        elif kind == "release":
-            self._answer(key_of(a.release), self.store.snapshot())
-        elif kind == "optimizer":
-            o = a.optimizer
-            self.store.control(partial(adjust_optimizer, lr_scale=o.lr_scale, state=o.state or "keep",
-                                       state_scale=o.state_scale, momentum=o.momentum if o.has_momentum else None))
+                self.store.buffers.discard(self._take(key))
+            self._drop(key, msg.drop.reason)
         elif kind == "checkpoint":
-            self._save(a.checkpoint)
+            self._save(msg.checkpoint)
         elif kind == "restore":
-            self._restore(a.restore)
+            self._restore(msg.restore)
         elif kind == "stop":
             self.finished.set()
+
+    # ---- the core's actions, as shard 0 carried them out (``actions.Executor``) --------------------------
+
+    def join(self, a: Join) -> None:
+        self.store.join(a.aggregate_id, self._take(self._names[a.push_id]))
+
+    def free(self, a: Free) -> None:
+        key = self._names[a.push_id]
+        if key in self._parts:
+            self.store.recycle(self._take(key))
+
+    def apply(self, a: Apply) -> None:
+        agg, t0 = a.aggregate, time.perf_counter()
+        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor,
+                                 on_applied=partial(self._applied_since, t0))
+        assert snap.version == a.version, "every shard counts versions alike"
+        self._note_applied()
+
+    def release(self, a: Release) -> None:
+        """Answer the push's part with the version now applied (a push restored by shard 0 has no part here)."""
+        key = self._names.pop(a.push_id, None)
+        if key is not None:
+            self._answer(key, self.store.snapshot())
+
+    def set_optimizer(self, a: SetOptimizer) -> None:
+        self.store.control(partial(adjust_optimizer, lr_scale=a.lr_scale, state=a.state,
+                                   state_scale=a.state_scale, momentum=a.momentum))
+
+    def record(self, a: Record) -> None:
+        """Never sent (``action_wire``): the run record is shard 0's."""
+
+    def count(self, a: Count) -> None:
+        """Never sent (``action_wire``): the run record is shard 0's."""
 
     def _save(self, version: int) -> None:
         """Save the part at ``version`` (captured on the applier, here in the action order, written in
@@ -201,10 +227,11 @@ class Follower:
         assert self._layout is not None
         return self._layout
 
-    async def _note_applied(self) -> None:
+    def _note_applied(self) -> None:
+        """Wake the pulls waiting for a version (each waits on the event set here, then on the next one)."""
         assert self._applied is not None
-        async with self._applied:
-            self._applied.notify_all()
+        self._applied.set()
+        self._applied = asyncio.Event()
 
     def _answer(self, key: Key, result: Snapshot | Rejected) -> None:
         for fut in self._held.pop(key, []):
@@ -333,8 +360,9 @@ class Follower:
     async def _until_version(self, version: int) -> None:
         assert self._applied is not None
         try:
-            async with asyncio.timeout(self.receive_timeout_s), self._applied:
-                await self._applied.wait_for(lambda: self.store.initialized and self.store.version >= version)
+            async with asyncio.timeout(self.receive_timeout_s):
+                while not (self.store.initialized and self.store.version >= version):
+                    await self._applied.wait()
         except TimeoutError:
             raise precondition("not_initialized", f"version {version} is not applied on this shard") from None
 
@@ -346,11 +374,6 @@ class Follower:
         as_worker(self.guard, ctx, worker, rpc)
         if not (0 <= worker < self.workers or (worker == -1 and rpc == "PullPart")):
             raise invalid("unknown_worker", f"unknown worker id {worker}")
-
-    def count_rejection(self, rpc: str, r: Rejected) -> None:
-        n = self.rejections[f"{rpc}:{r.reason}"] = self.rejections[f"{rpc}:{r.reason}"] + 1
-        if n == 1 or n % 1000 == 0:
-            log.warning("shard %d: %s rejected (%s): %s [%d of this kind]", self.shard, rpc, r.reason, r, n)
 
     def summary(self) -> dict[str, object]:
         """This shard's record (``shard-K.json``): what this process applied, discarded and refused (after

@@ -3,10 +3,11 @@
 Shard 0 is the one place that decides: it hosts the ``Core`` and the policy, and holds part 0 of the
 model. A follower shard k attaches with one ``Follow`` stream. On it the follower reports a ``Verdict``
 for every part it receives (whole and valid, or refused, and why), and shard 0 sends, in the order it
-executes them, every action the core decides that touches a part (``ShardAction``: join, free, apply,
-release, an optimizer change, a refusal's drop, the end). A follower applies them in that order, so
-every shard applies the same pushes at the same version, and a switch, a budget or an exclusion takes
-effect on every shard at the same version boundary: they are decided once, here.
+executes them, every action the core decides that touches a part (``ShardAction``: the core's join,
+free, apply, release and optimizer change in their wire form, ``action_wire``; a refusal's drop; the
+end). A follower applies them in that order, so every shard applies the same pushes at the same
+version, and a switch, a budget or an exclusion takes effect on every shard at the same version
+boundary: they are decided once, here.
 
 A push reaches the core only once its part 0 is valid here and every follower has accepted its part
 (``verdict``); one refusal drops the push on every shard, counted once, here, as ``shardK:REASON``, and
@@ -16,9 +17,9 @@ after any outage). So a push is applied on all shards or on none.
 If a follower's stream ends before training does, shard 0 cannot complete any push: it stops the run
 (``lost``), and the whole run is started again (see docs/ARCHITECTURE.md, *Sharded PS*).
 
-Concurrency: the ``Follow`` handlers, the push handlers awaiting verdicts and ``forward`` (called from
-the service's ``_execute``) all run on the PS's event loop, so nothing here needs a lock, but ``Saves``,
-which shard 0's checkpoint writer thread waits on.
+Concurrency: the ``Follow`` handlers, the push handlers awaiting verdicts and ``broadcast`` (called by
+shard 0's ``zero.Forwarding`` executor, from the service's ``_execute``) all run on the PS's event
+loop, so nothing here needs a lock, but ``Saves``, which shard 0's checkpoint writer thread waits on.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import grpc
 from switchps.security.auth import Caller
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import first_frame, parse
-from switchps.ps_server.core.events import Action, Apply, Free, Join, Release, SetOptimizer
 from switchps.refusals import Rejected, invalid, precondition
 
 log = logging.getLogger("switchps.ps")
@@ -95,32 +95,6 @@ class Leader:
         """The model's layout, adopted at the first registration: every follower derives its part."""
         self.setup = layout
         self.broadcast(pb.ShardAction(setup=layout))
-
-    def forward(self, actions: list[Action]) -> None:
-        """The core's actions that touch the parts, in the order the service executes them."""
-        for a in actions:
-            msg = self._translate(a)
-            if msg is not None:
-                self.broadcast(msg)
-
-    def _translate(self, a: Action) -> pb.ShardAction | None:
-        if isinstance(a, Join):
-            return pb.ShardAction(join=pb.JoinPart(key=part_key(self.keys[a.push_id]), aggregate=a.aggregate_id))
-        if isinstance(a, Free):
-            return pb.ShardAction(free=part_key(self.keys[a.push_id]))
-        if isinstance(a, Apply):
-            agg = a.aggregate
-            return pb.ShardAction(apply=pb.ApplyPart(aggregate=agg.id, samples=agg.samples,
-                                                     contributors=len(agg.members), lr_factor=a.lr_factor,
-                                                     version=a.version))
-        if isinstance(a, Release):
-            key = self.keys.pop(a.push_id, None)
-            return None if key is None else pb.ShardAction(release=part_key(key))
-        if isinstance(a, SetOptimizer):
-            return pb.ShardAction(optimizer=pb.OptimizerChange(
-                lr_scale=a.lr_scale, has_momentum=a.momentum is not None, momentum=a.momentum or 0.0,
-                state=a.state, state_scale=a.state_scale))
-        return None
 
     def drop(self, key: Key, reason: str) -> None:
         self.broadcast(pb.ShardAction(drop=pb.DropPart(key=part_key(key), reason=reason)))
