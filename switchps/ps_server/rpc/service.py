@@ -37,8 +37,8 @@ import numpy as np
 from prometheus_client import Gauge
 
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import (PayloadWriter, aencode, decode, encode, fill, first_frame, joined, parse,
-                                   whole_frame)
+from switchps.protos.codec import PayloadWriter, aencode, encode, joined, whole_frame
+from switchps.protos.requests import decode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
 from switchps.ps_server.rpc.admission import Admission, Alone
@@ -380,7 +380,7 @@ class ParameterServer:
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
         return {
-            # control requests are parsed by their handlers (``codec.parse``), so garbage is refused, counted
+            # control requests are parsed by their handlers (``requests.parse``), so garbage is refused, counted
             "Register": grpc.unary_unary_rpc_method_handler(
                 self.register, None, pb.RegisterReply.SerializeToString),
             "Status": grpc.unary_unary_rpc_method_handler(self.status, None, pb.Status.SerializeToString),

@@ -40,7 +40,8 @@ import numpy as np
 
 from switchps.security.channels import ClientSecurity
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import PayloadWriter, aencode, decode, fill, first_frame, grpc_options
+from switchps.protos.codec import PayloadWriter, aencode, grpc_options
+from switchps.protos.requests import decode, fill, first_frame
 from switchps.protos.layout import layout_size
 from switchps.protos.partition import of_layout, part_layout
 from switchps.ps_server.rpc.guard import Guard, as_worker

@@ -34,7 +34,7 @@ import grpc
 
 from switchps.security.auth import Caller
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import first_frame, parse
+from switchps.protos.requests import first_frame, parse
 from switchps.refusals import Rejected, invalid, precondition
 
 log = logging.getLogger("switchps.ps")
@@ -146,7 +146,7 @@ class Leader:
 
     async def follow(self, ctx: grpc.aio.ServicerContext, caller: Caller | None) -> AsyncIterator[pb.ShardAction]:
         """A follower's stream: its hello, then its verdicts; back, the action log from now on. Its messages
-        are read from ``ctx`` and parsed here (``codec.parse``): bytes that are no message are the caller's
+        are read from ``ctx`` and parsed here (``requests.parse``): bytes that are no message are the caller's
         error, not shard 0's. ``Rejected`` for a stream refused before any action is sent, and for a
         malformed message on an attached one (which ends it: the follower has left)."""
         hello = parse(await first_frame(ctx, self.wait_s), pb.FollowerMessage)

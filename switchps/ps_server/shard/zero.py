@@ -118,7 +118,7 @@ class ShardZero:
             except Rejected as r:
                 refuse(ctx, ps.count_rejection, "follow", r)
 
-        # the follower's messages are parsed by ``Leader.follow`` (``codec.parse``), so garbage is refused, counted
+        # the follower's messages are parsed by ``Leader.follow`` (``requests.parse``), so garbage is refused, counted
         return {"Follow": grpc.stream_stream_rpc_method_handler(follow, None, pb.ShardAction.SerializeToString)}
 
 
