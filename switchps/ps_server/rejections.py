@@ -72,7 +72,7 @@ def refuse(ctx: grpc.aio.ServicerContext, count: Callable[[str, Rejected], None]
     """Count ``r`` under ``rpc`` and end the call with its status: the handler returns after it (a streamed
     reply yields nothing), so no exception ends the call. Not ``ctx.abort``: it keeps its exception in the
     call's state, and its traceback the frames read: a reference cycle only the cyclic collector frees,
-    seldom in the PS (refused pushes held tens of MB a round; ``README``, memory under hostile input;
+    seldom in the PS (refused pushes held tens of MB a round; docs/security.md, bounds on what a client can cost;
     grpc/grpc#17899 is the same in the sync server)."""
     count(rpc, r)
     ctx.set_code(getattr(grpc.StatusCode, r.code))
