@@ -16,11 +16,12 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from switchps.config.run import ProtocolSpec, SwitchSpec
+from switchps.config.protocol import MEMBERS, ProtocolSpec, Unknown, protocol_spec, saved_spec
+from switchps.config.policy import SwitchSpec
 from switchps.policies.base import Decision
 from switchps.ps_server.core.events import Action, Apply, Batches, Effect, Membership, Record, SetOptimizer, Update
 from switchps.ps_server.core.overhead import SwitchRecord
-from switchps.ps_server.core.protocols import PROTOCOLS, make_protocol
+from switchps.ps_server.core.protocols import make_protocol
 from switchps.ps_server.core.rescale import ramp, rescaled, restore_factor
 
 
@@ -41,6 +42,7 @@ class Switching:
         self.members = members  # the lifecycle's, as the protocols see it
         self.protocol = make_protocol(spec)
         self.reference = make_protocol(spec)  # the configured protocol, for the learning-rate rule
+        self.fields: dict[str, Any] = spec.model_dump()  # every protocol field's latest value (``respec``)
         self.configured_momentum = self.momentum = momentum
         self.lr_scale = 1.0
         self.pending: Pending | None = None
@@ -56,7 +58,8 @@ class Switching:
         since = None if self.switched_at is None else version - 1 - self.switched_at
         factor = u.lr_factor * (1.0 if since is None else ramp(self.on_switch, self.restore, since))
         a = u.aggregate
-        return Apply(version, a, factor, self.spec.name, self.protocol.budget(-1, {}).time_s, now - a.started)
+        return Apply(version, a, factor, self.spec.name, self.protocol.work.budget(-1, {}).time_budget_s,
+                     now - a.started)
 
     def decided(self, d: Decision, policy: str, now: float) -> tuple[Pending | None, list[Record]]:
         """The protocol or parameters a decision asks for: the switch to make now (``request``), and a
@@ -66,54 +69,62 @@ class Switching:
         if not update:
             return None, []
         try:
-            new = ProtocolSpec.model_validate({**self.spec.model_dump(), **update})
+            new = self.respec(update)
         except ValidationError as err:
             return None, [Record("decision_rejected", {"policy": policy, "reason": d.reason,
                                                        "error": str(err.errors()[0]["msg"])})]
         return self.request(Pending(new, d.reason, policy, now)), []
+
+    def respec(self, update: dict[str, Any]) -> ProtocolSpec:
+        """The spec a switch to ``update`` (a name, fields) puts in force: the fields its member takes keep
+        their latest values (``fields``: so a policy's ssp -> bsp -> ssp keeps the configured staleness);
+        a field its member does not take is an error (``pydantic.ValidationError``)."""
+        member = MEMBERS.get(update.get("name", self.spec.name), Unknown)
+        return protocol_spec({**{k: v for k, v in self.fields.items() if k in member.model_fields}, **update})
 
     def request(self, sw: Pending) -> Pending | None:
         """A switch decided: the one to make now, or None if it changes nothing or waits, as ``pending``,
         for the round in flight."""
         if sw.new == self.spec:
             return None
-        if self.protocol.busy():
+        if self.protocol.rule.busy():
             self.pending = sw
             return None
         return sw
 
     def ready(self) -> Pending | None:
         """The pending switch, once the protocol in force is no longer busy with a round."""
-        return self.pending if self.pending is not None and not self.protocol.busy() else None
+        return self.pending if self.pending is not None and not self.protocol.rule.busy() else None
 
     def begin(self, new: ProtocolSpec, now: float) -> Effect:
         """Start switching to ``new``: what the protocol in force must still do before it leaves."""
         self.pending = None
-        if type(self.protocol) is PROTOCOLS[new.name]:  # same rule, other parameters: keep its state
-            self.spec = self.protocol.s = new
-            return self.protocol.on_membership(self.members, now)
-        return self.protocol.drain(self.members, now)  # nothing left behind
+        if self.protocol.same_rule(new):  # same rule, other parameters: keep its state
+            self.protocol.reconfigure(new)
+            self.spec = new
+            return self.protocol.rule.on_membership(self.members, now)
+        return self.protocol.rule.drain(self.members, now)  # nothing left behind
 
     def complete(self, sw: Pending, old: ProtocolSpec, b: Batches, step_s: float, version: int,
                  now: float) -> list[Action]:
         """Put ``sw.new`` in force after ``begin``'s effect has run (the same rule is in force already),
         rescale for it (``b``: the batches now) and record the switch from ``old`` (``step_s``: a worker's
         normal step, for the overhead figure)."""
-        new = sw.new
+        new, before = sw.new, dict(self.fields)
         if self.spec is not new:
             previous, self.spec, self.protocol = self.protocol, new, make_protocol(new)
-            self.protocol.enter(previous, self.members, now)
+            self.protocol.rule.enter(previous.rule, self.members, now)
+        self.fields.update(new.model_dump())
         out: list[Action] = [*self.rescaled(b, self.on_switch.optimizer_state if old.name != new.name else "keep")]
         if old.name != new.name:
             self.switches.append(SwitchRecord(sw.decided_at, new.name, step_s))
             self.switched_at = version
             self.restore = restore_factor(self.momentum, self.configured_momentum) \
                 if self.on_switch.momentum == "asynchrony" else 1.0
-        before = old.model_dump()
         return out + [Record("switch" if old.name != new.name else "reconfigure", {
             "version": version, "reason": sw.reason, "policy": sw.policy, "lr_scale": self.lr_scale,
             "momentum": self.momentum, "from": old.name, "to": new.name,
-            "changed": {k: v for k, v in new.model_dump().items() if before[k] != v}})]
+            "changed": {k: v for k, v in new.model_dump().items() if before.get(k) != v}})]
 
     def rescaled(self, b: Batches, state: str = "keep") -> list[SetOptimizer]:
         """The scale and momentum for the protocol in force (``b``: the batches now), set absolutely, if they
@@ -131,7 +142,7 @@ class Switching:
 
     def state_dict(self, now: float) -> dict[str, Any]:
         p = self.pending
-        return {"spec": self.spec.model_dump(), "protocol": self.protocol.state_dict(now),
+        return {"spec": self.spec.model_dump(), "fields": dict(self.fields), "protocol": self.protocol.state_dict(now),
                 "lr_scale": self.lr_scale, "momentum": self.momentum,
                 "pending": None if p is None else [p.new.model_dump(), p.reason, p.policy, p.decided_at - now],
                 "switched_at": self.switched_at, "restore": self.restore,
@@ -140,13 +151,14 @@ class Switching:
 
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         """(After the lifecycle's: the protocol enters the membership it restored.)"""
-        self.spec = ProtocolSpec.model_validate(d["spec"])
+        self.spec = saved_spec(d["spec"])
+        self.fields = dict(d.get("fields", d["spec"]))  # a spec saved flat held every field's latest value
         self.protocol = make_protocol(self.spec)
-        self.protocol.enter(None, self.members, now)
+        self.protocol.rule.enter(None, self.members, now)
         self.protocol.load_state_dict(d["protocol"], now)
         self.lr_scale, self.momentum = d["lr_scale"], d["momentum"]
         p = d["pending"]
-        self.pending = None if p is None else Pending(ProtocolSpec.model_validate(p[0]), p[1], p[2], now + p[3])
+        self.pending = None if p is None else Pending(saved_spec(p[0]), p[1], p[2], now + p[3])
         self.switched_at, self.restore = d["switched_at"], d["restore"]
         self.switches = [_switch(now, sw, d.get("update_times", [])) for sw in d["switches"]]
 

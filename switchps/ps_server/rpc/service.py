@@ -37,6 +37,7 @@ import numpy as np
 from prometheus_client import Gauge
 
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.orders import to_wire
 from switchps.protos.codec import (PayloadWriter, aencode, decode, encode, fill, first_frame, joined, parse,
                                    whole_frame)
 from switchps.protos.layout import layout_size
@@ -408,4 +409,4 @@ def _report(s: pb.StepStats) -> StepReport:
 
 
 def _order(o: WorkOrder) -> pb.WorkOrder:
-    return pb.WorkOrder(**dataclasses.asdict(o))
+    return pb.WorkOrder(**{**dataclasses.asdict(o), "time_budget_s": to_wire(o.time_budget_s)})
