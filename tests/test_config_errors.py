@@ -8,7 +8,7 @@ import sys
 import textwrap
 from contextlib import contextmanager
 from pathlib import Path
-from typing import get_args
+from typing import get_args, get_origin
 
 import annotated_types as at
 import pytest
@@ -158,6 +158,8 @@ def _sections(annotation: object, tag: str | None = None) -> list[tuple[type[Sec
     protocol's name), if any."""
     if isinstance(annotation, type) and issubclass(annotation, Section):
         return [(annotation, tag)]
+    if get_origin(annotation) in (list, dict):  # its items' fields are no --set path (their bounds: as sections)
+        return []
     tags = [a.tag for a in get_args(annotation) if isinstance(a, Tag)]
     return [s for a in get_args(annotation) for s in _sections(a, tags[0] if tags else tag)]
 

@@ -42,7 +42,7 @@ class Base(Section):
         foreign = [k for k in data if k not in cls.model_fields and k in TAKEN_BY]
         if foreign:
             name = data.get("name", "bsp")
-            raise Problems([(k, f"{name} takes no {k} (only {', '.join(TAKEN_BY[k])} do)") for k in foreign])
+            raise Problems([(k, f"{name} takes no {k} (a field of {', '.join(TAKEN_BY[k])})") for k in foreign])
         return data
 
 

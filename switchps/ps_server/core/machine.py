@@ -15,7 +15,7 @@ core next wants ``timer`` called (a deadline, a window, the time limit, the star
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from switchps.config.protocol import ProtocolSpec
@@ -42,9 +42,10 @@ class Core:
 
     def __init__(self, protocol: ProtocolSpec, train: TrainSpec, num_workers: int, *,
                  startup_timeout_s: float = 120.0, on_switch: SwitchSpec | None = None, momentum: float = 0.0,
-                 policy: Policy | None = None, every_k: int = 10, window: int = 5) -> None:
+                 policy: Policy | None = None, every_k: int = 10, window: int = 5,
+                 targets: Sequence[ProtocolSpec] = ()) -> None:
         self.lifecycle = Lifecycle(train, Membership(num_workers), startup_timeout_s)
-        self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members)
+        self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members, targets)
         self.consulting = Consulting(policy, every_k, window, num_workers)
         self.orders, self.receipts, self.outbox = Orders(), Receipts(), Outbox()
         self.parts: dict[str, Part] = {"lifecycle": self.lifecycle, "switching": self.switching,  # in this order

@@ -12,6 +12,7 @@ after that has run, rescales, and records the switch.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
@@ -37,12 +38,14 @@ class Pending(NamedTuple):
 class Switching:
     """The protocol in force, a switch that waits for its round, the learning-rate scale and momentum."""
 
-    def __init__(self, spec: ProtocolSpec, on_switch: SwitchSpec, momentum: float, members: Membership) -> None:
+    def __init__(self, spec: ProtocolSpec, on_switch: SwitchSpec, momentum: float, members: Membership,
+                 targets: Sequence[ProtocolSpec] = ()) -> None:
         self.spec, self.on_switch = spec, on_switch
+        # the fields given for protocols a switch may reach: the configured protocol's, ``policy.protocols``'
+        self.targets = {t.name: t.model_dump(exclude_unset=True) for t in [spec, *targets]}
         self.members = members  # the lifecycle's, as the protocols see it
         self.protocol = make_protocol(spec)
         self.reference = make_protocol(spec)  # the configured protocol, for the learning-rate rule
-        self.fields: dict[str, Any] = spec.model_dump()  # every protocol field's latest value (``respec``)
         self.configured_momentum = self.momentum = momentum
         self.lr_scale = 1.0
         self.pending: Pending | None = None
@@ -76,11 +79,12 @@ class Switching:
         return self.request(Pending(new, d.reason, policy, now)), []
 
     def respec(self, update: dict[str, Any]) -> ProtocolSpec:
-        """The spec a switch to ``update`` (a name, fields) puts in force: the fields its member takes keep
-        their latest values (``fields``: so a policy's ssp -> bsp -> ssp keeps the configured staleness);
-        a field its member does not take is an error (``pydantic.ValidationError``)."""
-        member = MEMBERS.get(update.get("name", self.spec.name), Unknown)
-        return protocol_spec({**{k: v for k, v in self.fields.items() if k in member.model_fields}, **update})
+        """The spec a switch to ``update`` (a name, fields) puts in force: the fields its member shares with
+        the spec in force, then those given for it (``targets``), then ``update``'s; a field its member does
+        not take is an error (``pydantic.ValidationError``)."""
+        name = update.get("name", self.spec.name)
+        shared = {k: v for k, v in self.spec.model_dump().items() if k in MEMBERS.get(name, Unknown).model_fields}
+        return protocol_spec({**shared, **self.targets.get(name, {}), **update})
 
     def request(self, sw: Pending) -> Pending | None:
         """A switch decided: the one to make now, or None if it changes nothing or waits, as ``pending``,
@@ -110,17 +114,17 @@ class Switching:
         """Put ``sw.new`` in force after ``begin``'s effect has run (the same rule is in force already),
         rescale for it (``b``: the batches now) and record the switch from ``old`` (``step_s``: a worker's
         normal step, for the overhead figure)."""
-        new, before = sw.new, dict(self.fields)
+        new = sw.new
         if self.spec is not new:
             previous, self.spec, self.protocol = self.protocol, new, make_protocol(new)
             self.protocol.rule.enter(previous.rule, self.members, now)
-        self.fields.update(new.model_dump())
         out: list[Action] = [*self.rescaled(b, self.on_switch.optimizer_state if old.name != new.name else "keep")]
         if old.name != new.name:
             self.switches.append(SwitchRecord(sw.decided_at, new.name, step_s))
             self.switched_at = version
             self.restore = restore_factor(self.momentum, self.configured_momentum) \
                 if self.on_switch.momentum == "asynchrony" else 1.0
+        before = old.model_dump()
         return out + [Record("switch" if old.name != new.name else "reconfigure", {
             "version": version, "reason": sw.reason, "policy": sw.policy, "lr_scale": self.lr_scale,
             "momentum": self.momentum, "from": old.name, "to": new.name,
@@ -142,7 +146,7 @@ class Switching:
 
     def state_dict(self, now: float) -> dict[str, Any]:
         p = self.pending
-        return {"spec": self.spec.model_dump(), "fields": dict(self.fields), "protocol": self.protocol.state_dict(now),
+        return {"spec": self.spec.model_dump(), "protocol": self.protocol.state_dict(now),
                 "lr_scale": self.lr_scale, "momentum": self.momentum,
                 "pending": None if p is None else [p.new.model_dump(), p.reason, p.policy, p.decided_at - now],
                 "switched_at": self.switched_at, "restore": self.restore,
@@ -152,7 +156,6 @@ class Switching:
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         """(After the lifecycle's: the protocol enters the membership it restored.)"""
         self.spec = saved_spec(d["spec"])
-        self.fields = dict(d.get("fields", d["spec"]))  # a spec saved flat held every field's latest value
         self.protocol = make_protocol(self.spec)
         self.protocol.rule.enter(None, self.members, now)
         self.protocol.load_state_dict(d["protocol"], now)
