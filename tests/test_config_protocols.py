@@ -62,3 +62,23 @@ def test_a_policy_names_protocols_with_their_own_fields():
         "policy.protocols.0.k: amb takes no k (a field of kasync)"]
     assert _problems({"policy": {"protocols": [{"name": "asp"}, {"name": "asp"}]}}) == [
         "policy.protocols: a protocol listed twice: asp"]
+
+
+FLAT_SSP = {"name": "ssp", "batch": 16, "micro_batch": None, "time_budget_s": None, "max_batch": None,
+            "deadline_s": 30.0, "backup_workers": 0, "excluded_pushes": "join", "staleness": 2,
+            "staleness_lr": False, "k": None, "window_s": None}
+"""A protocol as ``RunConfig.dump`` wrote it before the union (a run's config.yaml, which a resume reads)."""
+
+
+def test_a_config_written_before_the_union_reads_as_its_member():
+    spec = parse_config({"protocol": dict(FLAT_SSP)}).protocol
+    assert type(spec) is SSP and (spec.batch, spec.staleness) == (16, 2)
+    flat_bsp = {**FLAT_SSP, "name": "bsp", "staleness": 3}
+    assert type(parse_config({"protocol": flat_bsp}, ["protocol.name=asp"]).protocol) is ASP
+    assert _problems({"protocol": dict(FLAT_SSP)}, ["protocol.window_s=2"]) == [
+        "protocol.window_s: ssp takes no window_s (a field of timed)"], "what a --set adds is still checked"
+
+
+@pytest.mark.parametrize("name", [["bsp"], 3, None])
+def test_a_name_that_is_no_string_is_one_line(name):
+    assert _problems({"protocol": {"name": name}}, ["protocol.batch=4"])[0].startswith("protocol.name: ")

@@ -8,7 +8,8 @@ is a one-line error naming it. Which rules run a name is the core's registry
 
 A new name over an old config keeps what carries over: ``--set protocol.name=asp`` over a BSP config
 drops the fields ASP lacks that were at their BSP defaults (``renamed``), and a policy's switch takes
-the fields the new member shares with those in force (``Switching``).
+the fields the new member shares with those in force (``Switching``). A protocol written before the
+union, every field flat (a run's ``config.yaml``, a checkpoint), reads as its member (``unflattened``).
 """
 
 from __future__ import annotations
@@ -121,10 +122,15 @@ for _name, _member in MEMBERS.items():
         TAKEN_BY.setdefault(_field, []).append(_name)
 
 
+def member(name: Any) -> type[Base]:
+    """The member a protocol ``name`` validates as (``Unknown`` for anything else)."""
+    return MEMBERS.get(name, Unknown) if isinstance(name, str) else Unknown
+
+
 def _tag(v: Any) -> str:
     """The member ``v`` is for: its name (bsp when it gives none), or ``unknown``."""
     name = v.get("name", "bsp") if isinstance(v, dict) else getattr(v, "name", None)
-    return name if name in MEMBERS else "unknown"
+    return name if member(name) is not Unknown else "unknown"
 
 
 ProtocolSpec = Annotated[
@@ -142,19 +148,30 @@ def protocol_spec(fields: Mapping[str, Any]) -> ProtocolSpec:
     return _SPEC.validate_python(dict(fields))
 
 
-def saved_spec(d: Mapping[str, Any]) -> ProtocolSpec:
-    """A spec as a checkpoint holds it; one saved before the union (every field of every protocol, flat)
-    keeps its member's fields, the others having had no effect under its name."""
-    member = MEMBERS.get(d.get("name", "bsp"), Unknown)
-    return protocol_spec({k: v for k, v in d.items() if k in member.model_fields})
+FLAT = frozenset({"name", "batch", "micro_batch", "time_budget_s", "max_batch", "deadline_s", "backup_workers",
+                  "excluded_pushes", "staleness", "staleness_lr", "k", "window_s"})
+"""The keys of a protocol as written before the union (a run's ``config.yaml``, a checkpoint's spec):
+every protocol's fields, flat."""
+
+
+def unflattened(d: dict[str, Any]) -> dict[str, Any]:
+    """``d``, or, written flat (``FLAT``), its member's fields: the others had no effect under its name."""
+    if set(d) != FLAT:
+        return d
+    return {k: v for k, v in d.items() if k in member(d["name"]).model_fields}
+
+
+def saved_spec(d: dict[str, Any]) -> ProtocolSpec:
+    """A spec as a checkpoint holds it, flat (``unflattened``) or as its member."""
+    return protocol_spec(unflattened(d))
 
 
 def renamed(raw: dict[str, Any], old: str) -> dict[str, Any]:
     """A raw ``protocol`` section whose name was changed from ``old`` (``--set protocol.name=asp``): the
     fields the new member lacks are dropped where they hold ``old``'s default (the user changed the name,
     not them); one set to anything else stays, to be reported."""
-    before, after = MEMBERS.get(old), MEMBERS.get(raw.get("name", "bsp"))
-    if before is None or after is None or before is after:
+    before, after = member(old), member(raw.get("name", "bsp"))
+    if Unknown in (before, after) or before is after:
         return raw
     return {k: v for k, v in raw.items() if k in after.model_fields or k not in before.model_fields
             or before.model_fields[k].is_required() or v != before.model_fields[k].default}

@@ -31,7 +31,7 @@ from switchps.config.schema import (
     MAX_SEED, MAX_SHARDS, MAX_SIM_WORKERS, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
 )
 from switchps.config.policy import PolicySpec, SwitchSpec
-from switchps.config.protocol import ProtocolSpec, Rounds, renamed
+from switchps.config.protocol import ProtocolSpec, Rounds, renamed, unflattened
 from switchps.config.cpu_binding import CpuBindingSpec
 from switchps.config.ray_cluster import RaySpec
 from switchps.config.security import SecuritySpec
@@ -341,6 +341,8 @@ def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = No
     if not isinstance(raw, dict):
         raise ConfigError(f"config: the top level must be a mapping of sections, got a {type(raw).__name__}")
     problems: list[str] = []
+    if isinstance(raw.get("protocol"), dict):  # a run's config.yaml written before the union
+        raw["protocol"] = unflattened(raw["protocol"])
     old = _protocol_name(raw)
     for o in overrides:
         try:
