@@ -127,6 +127,11 @@ def member(name: Any) -> type[Base]:
     return MEMBERS.get(name, Unknown) if isinstance(name, str) else Unknown
 
 
+def carried(fields: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The ``fields`` protocol ``name`` takes, under that name: what a switch to it keeps of a spec."""
+    return {**{k: v for k, v in fields.items() if k in member(name).model_fields}, "name": name}
+
+
 def _tag(v: Any) -> str:
     """The member ``v`` is for: its name (bsp when it gives none), or ``unknown``."""
     name = v.get("name", "bsp") if isinstance(v, dict) else getattr(v, "name", None)

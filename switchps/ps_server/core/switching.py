@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from switchps.config.protocol import ProtocolSpec, member, protocol_spec, saved_spec
+from switchps.config.protocol import ProtocolSpec, carried, protocol_spec, saved_spec
 from switchps.config.policy import SwitchSpec
 from switchps.policies.base import Decision
 from switchps.ps_server.core.events import Action, Apply, Batches, Effect, Membership, Record, SetOptimizer, Update
@@ -83,8 +83,7 @@ class Switching:
         the spec in force, then those given for it (``targets``), then ``update``'s; a field its member does
         not take is an error (``pydantic.ValidationError``)."""
         name = update.get("name", self.spec.name)
-        shared = {k: v for k, v in self.spec.model_dump().items() if k in member(name).model_fields}
-        return protocol_spec({**shared, **self.targets.get(name, {}), **update})
+        return protocol_spec({**carried(self.spec.model_dump(), name), **self.targets.get(name, {}), **update})
 
     def request(self, sw: Pending) -> Pending | None:
         """A switch decided: the one to make now, or None if it changes nothing or waits, as ``pending``,
