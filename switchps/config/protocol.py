@@ -135,7 +135,7 @@ def carried(fields: Mapping[str, Any], name: str) -> dict[str, Any]:
 def _tag(v: Any) -> str:
     """The member ``v`` is for: its name (bsp when it gives none), or ``unknown``."""
     name = v.get("name", "bsp") if isinstance(v, dict) else getattr(v, "name", None)
-    return name if member(name) is not Unknown else "unknown"
+    return name if isinstance(name, str) and name in MEMBERS else "unknown"
 
 
 ProtocolSpec = Annotated[
