@@ -6,7 +6,7 @@ validating a config loads no role. Each implementation keeps its own registry (`
 test_layers.py`` checks that every registry's keys are these names, in this order, so they cannot drift.
 """
 
-PROTOCOLS: tuple[str, ...] = ("bsp", "fmb", "amb", "asp", "ssp", "kasync", "timed")
+PROTOCOLS: tuple[str, ...] = ("bsp", "fmb", "amb", "asp", "ssp", "kasync", "timed", "backup")
 """Synchronization protocols; the order is also the protocol's index on TensorBoard."""
 OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "nesterov", "rmsprop", "adam", "adagrad")
 SCHEDULES: tuple[str, ...] = ("constant", "step", "exponential", "cosine")

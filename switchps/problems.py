@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, get_args
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 Problem = tuple[str, str]
 """(sub-path below the field being validated, "" for the field itself; message)."""
@@ -70,19 +70,23 @@ def kwargs_problems(fn: Callable[..., Any], kwargs: dict[str, Any], fixed: dict[
     return []
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model class inside ``annotation`` (``X``, ``X | None``), if any."""
+def _model_in(annotation: Any, tags: frozenset[str] = frozenset()) -> type[BaseModel] | None:
+    """The model class inside ``annotation`` (``X``, ``X | None``; of a discriminated union, the member
+    whose ``Tag`` is in ``tags``), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    return next((m for a in get_args(annotation) if (m := _model_in(a)) is not None), None)
+    args = get_args(annotation)
+    tagged = [a for a in args if any(isinstance(m, Tag) and m.tag in tags for m in get_args(a))]
+    return next((m for a in tagged or args if (m := _model_in(a, tags)) is not None), None)
 
 
-def _fields_at(root: type[BaseModel], path: list[Any]) -> list[str]:
-    """Field names of the section at ``path`` (none if ``path`` is not a section)."""
+def _fields_at(root: type[BaseModel], path: list[Any], tags: frozenset[str] = frozenset()) -> list[str]:
+    """Field names of the section at ``path`` (none if ``path`` is not a section; ``tags``: the union
+    members pydantic's location names)."""
     cls: type[BaseModel] | None = root
     for part in path:
         field = cls.model_fields.get(str(part)) if cls else None
-        cls = _model_in(field.annotation) if field else None
+        cls = _model_in(field.annotation, tags) if field else None
     return list(cls.model_fields) if cls else []
 
 
@@ -114,7 +118,8 @@ def _fits(tag: str, value: Any) -> bool:
 
 def _message(e: Any, root: type[BaseModel], path: list[Any]) -> str:
     if e["type"] == "extra_forbidden":
-        return "unknown key" + did_you_mean(str(path[-1]), _fields_at(root, path[:-1]))
+        tags = frozenset(map(str, e["loc"]))
+        return "unknown key" + did_you_mean(str(path[-1]), _fields_at(root, path[:-1], tags))
     return e["msg"].removeprefix("Value error, ")
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from switchps.config.run import ProtocolSpec, SwitchSpec, TrainSpec
+from switchps.config.protocol import protocol_spec
+from switchps.config.run import SwitchSpec, TrainSpec
 from switchps.policies.base import Policy
 from switchps.ps_server.checkpointer import Parts
 from switchps.ps_server.core.machine import Core
@@ -42,7 +43,7 @@ class Harness:
         self.steps: dict[int, int] = {}  # per worker, its next step number (for scripts that name pushes)
         self.grads: dict[int, np.ndarray] = {}
         self.sums = Sums()
-        self.core = Core(ProtocolSpec(**{"name": "bsp", "batch": 8, **(protocol or {})}),
+        self.core = Core(protocol_spec({"name": "bsp", "batch": 8, **(protocol or {})}),
                          TrainSpec(**(train or {"steps": 10_000})), workers,
                          startup_timeout_s=5.0, on_switch=SwitchSpec(**(on_switch or {})), momentum=momentum,
                          policy=policy, every_k=every_k)
@@ -134,7 +135,7 @@ class Harness:
         self.now = end
 
     def switch(self, **fields: Any) -> None:
-        spec = ProtocolSpec.model_validate({**self.core.spec.model_dump(), **fields})
+        spec = self.core.switching.respec(fields)
         self.run(self.core.switch(spec, "test", "manual", self.now))
 
     def events(self, name: str) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from switchps.closed_forms import (
     amb_mean_batch, amb_update_s, amb_update_sd, asp_mean_staleness, backup_late_finish_moments,
     backup_late_finish_update_s, backup_update_s, bsp_update_s, bsp_update_sd, harmonic, kasync_update_s,
 )
+from switchps.config.protocol import MEMBERS
 from switchps.config.run import RunConfig
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.core.events import StepReport
@@ -173,7 +174,8 @@ def drive_core(protocol: dict, n: int, c: float, mu: float, updates: int, seed: 
     its push is released, on the version its work order names. With ``micro_s`` (AMB) a step ends as
     ``worker.steps`` ends it; with ``run_dir`` the PS's records are written there. Returns each update's
     time, mean staleness and samples."""
-    h = Harness(workers=n, protocol={"batch": 1, "deadline_s": 1e9, **protocol}, train={"steps": updates},
+    never = {"deadline_s": 1e9} if "deadline_s" in MEMBERS[protocol.get("name", "bsp")].model_fields else {}
+    h = Harness(workers=n, protocol={"batch": 1, **never, **protocol}, train={"steps": updates},
                 run_dir=run_dir)
     rng, t0 = np.random.default_rng(seed), h.now
     budget = h.core.work_order().time_budget_s

@@ -8,12 +8,14 @@ import sys
 import textwrap
 from contextlib import contextmanager
 from pathlib import Path
-from typing import get_args
+from typing import get_args, get_origin
 
 import annotated_types as at
 import pytest
+from pydantic import Tag
 
 import switchps.launch.launcher
+from switchps import names
 from switchps.cli import main
 from switchps.checks import PREFLIGHT
 from switchps.config.run import ConfigError, RunConfig, load_config, parse_config
@@ -151,15 +153,22 @@ BOUNDS = {at.Gt: ("gt", "greater than", 0), at.Ge: ("ge", "greater than or equal
 """Each kind of bound: its attribute, pydantic's words, and a step from the bound that breaks it."""
 
 
-def _sections(annotation: object) -> list[type[Section]]:
+def _sections(annotation: object, tag: str | None = None) -> list[tuple[type[Section], str | None]]:
+    """The sections in ``annotation``, each with the tag that picks it in a discriminated union (a
+    protocol's name), if any."""
     if isinstance(annotation, type) and issubclass(annotation, Section):
-        return [annotation]
-    return [s for a in get_args(annotation) for s in _sections(a)]
+        return [(annotation, tag)]
+    if get_origin(annotation) in (list, dict):  # its items' fields are no --set path (their bounds: as sections)
+        return []
+    tags = [a.tag for a in get_args(annotation) if isinstance(a, Tag)]
+    return [s for a in get_args(annotation) for s in _sections(a, tags[0] if tags else tag)]
 
 
-def _bounded(model: type[Section] = RunConfig, prefix: str = "") -> list[tuple[str, str, list[str]]]:
-    """For every bound on a number anywhere in the schema: the ``--set`` that breaks it just past the bound,
-    and the lines the report must be (the field's, and any required field of its section left out)."""
+def _bounded(model: type[Section] = RunConfig, prefix: str = "",
+             setup: tuple[str, ...] = ()) -> list[tuple[list[str], str, list[str]]]:
+    """For every bound on a number anywhere in the schema: the ``--set``s that break it just past the bound
+    (a union member's after the one that picks it), and the lines the report must be (the field's, and
+    any required field of its section left out)."""
     cases = []
     for name, field in model.model_fields.items():
         for bound in (m for m in field.metadata if type(m) in BOUNDS):
@@ -168,9 +177,10 @@ def _bounded(model: type[Section] = RunConfig, prefix: str = "") -> list[tuple[s
             lines = [f"{prefix}{name}: Input should be {phrase} {limit} (got {limit + step})"
                      if other == name else f"{prefix}{other}: Field required"
                      for other, f in model.model_fields.items() if other == name or f.is_required()]
-            cases.append((f"{prefix}{name}={limit + step}", type(bound).__name__, lines))
-        for section in _sections(field.annotation):
-            cases += _bounded(section, f"{prefix}{name}.")
+            cases.append(([*setup, f"{prefix}{name}={limit + step}"], type(bound).__name__, lines))
+        for section, tag in _sections(field.annotation):
+            if tag != "unknown":  # a name that is no protocol's: reported on its own (test_config_protocols)
+                cases += _bounded(section, f"{prefix}{name}.", (*setup, *([f"{prefix}{name}.name={tag}"] * bool(tag))))
     return cases
 
 
@@ -179,17 +189,19 @@ BOUNDED = _bounded()
 
 def test_the_bounds_are_found_in_every_nested_section():
     """The generated cases below reach the deepest sections (an empty list would pass them vacuously)."""
-    fields = {override.partition("=")[0] for override, *_ in BOUNDED}
+    fields = {overrides[-1].partition("=")[0] for overrides, *_ in BOUNDED}
     assert {"seed", "protocol.batch", "cluster.ray.ps.num_cpus", "runtime.cpu.worker_nice",
             "stragglers.transient.duration_s", "policy.on_switch.state_scale"} <= fields
+    picked = {o for overrides, *_ in BOUNDED for o in overrides[:-1]}
+    assert {f"protocol.name={n}" for n in names.PROTOCOLS} <= picked, "every protocol's member"
 
 
-@pytest.mark.parametrize("override, bound, expected", BOUNDED, ids=[f"{o}:{b}" for o, b, _ in BOUNDED])
-def test_every_bound_in_the_schema_is_one_line_naming_its_field(override, bound, expected):
+@pytest.mark.parametrize("overrides, bound, expected", BOUNDED, ids=[f"{','.join(o)}:{b}" for o, b, _ in BOUNDED])
+def test_every_bound_in_the_schema_is_one_line_naming_its_field(overrides, bound, expected):
     """Derived from the models: each number's bound, broken, is reported on its field's line (and only
-    there), whatever section it sits in."""
+    there), whatever section (or protocol) it sits in."""
     with pytest.raises(ConfigError) as err:
-        parse_config({}, [override])
+        parse_config({}, overrides)
     assert err.value.problems == expected
 
 

@@ -150,7 +150,7 @@ def test_amb_fmb_and_per_worker_batches_reach_the_work_orders():
     o = amb.core.work_order(0)
     assert (o.protocol, o.time_budget_s, o.sample_budget, o.micro_batch) == ("amb", 0.25, 32, 2)
     fmb = Harness(workers=2, protocol={"name": "fmb", "batch": 8})
-    assert (fmb.core.work_order(0).time_budget_s, fmb.core.work_order(0).sample_budget) == (0.0, 8)
+    assert (fmb.core.work_order(0).time_budget_s, fmb.core.work_order(0).sample_budget) == (None, 8)
     amb.push(0, 6.0, samples=2)
     amb.push(1, 2.0, samples=6)
     np.testing.assert_allclose(amb.params, [-1, -1])  # ΣG/Σb = 8/8, not the mean of per-worker means

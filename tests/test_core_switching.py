@@ -15,7 +15,7 @@ from switchps.policies.schedule import Schedule
 from switchps.ps_server.core.events import StepReport
 
 PROTOCOLS = {"bsp": {}, "fmb": {}, "amb": {"time_budget_s": 1.0}, "asp": {}, "ssp": {"staleness": 1},
-             "kasync": {"k": 2}, "timed": {"window_s": 1.0}}
+             "kasync": {"k": 2}, "timed": {"window_s": 1.0}, "backup": {"backup_workers": 1}}
 
 
 def test_bsp_to_asp_completes_the_round_in_flight_then_applies_on_arrival():

@@ -171,8 +171,9 @@ def test_the_reference_lists_every_field_of_every_section() -> None:
                 walk(sub, f"{path}.{name}" if path else name)
 
     walk(RunConfig, "")
-    assert "| `time_budget_s` | float \\| None | `None` | > 0 |" in text, "type, default and bound"
-    assert "AMB only: T, the compute time per step" in text, "the docstring under the field"
+    assert "| `time_budget_s` | float | required | > 0 |" in text, "type, default and bound (amb's own field)"
+    assert "| `max_batch` | int \\| None | `None` | > 0, ≤ 1048576 |" in text, "an optional field's"
+    assert "T, the compute time per step" in text, "the docstring under the field"
 
 
 class _Sync(BaseModel):

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from switchps.config.run import ProtocolSpec, SwitchSpec
-from switchps.ps_server.core.protocols import Batches, SyncProtocol, make_protocol
+from switchps.config.protocol import protocol_spec
+from switchps.config.run import SwitchSpec
+from switchps.ps_server.core.events import Batches
+from switchps.ps_server.core.protocols import Protocol, make_protocol
 from switchps.ps_server.core.rescale import lr_scale, momentum_in_force
 
 
-def proto(name: str, **fields) -> SyncProtocol:
-    return make_protocol(ProtocolSpec(name=name, batch=16, **fields))
+def proto(name: str, **fields) -> Protocol:
+    return make_protocol(protocol_spec({"name": name, "batch": 16, **fields}))
 
 
 BSP, ASP, AMB = proto("bsp"), proto("asp"), proto("amb", time_budget_s=1.0)
 EIGHT = Batches(8, {})
 
 
-def scale(current: SyncProtocol, reference: SyncProtocol = BSP, b: Batches = EIGHT, mu: float = 0.9,
+def scale(current: Protocol, reference: Protocol = BSP, b: Batches = EIGHT, mu: float = 0.9,
           **on_switch) -> float:
     return lr_scale(current, reference, SwitchSpec(**on_switch), mu, b)
 
@@ -36,8 +38,8 @@ def test_linear_rule_and_factor_rule_against_the_reference():
 def test_amb_uses_the_measured_mean_batch_not_the_nominal_one():
     assert AMB.effective_batch(Batches(8, {})) == 128
     assert scale(AMB, b=Batches(8, {}, step_samples=10.0)) == pytest.approx(80 / 128)
-    assert proto("bsp", time_budget_s=1.0).effective_batch(Batches(8, {}, step_samples=10.0)) == 128, \
-        "a T left over from AMB means nothing to BSP"
+    assert proto("bsp").effective_batch(Batches(8, {}, step_samples=10.0)) == 128, \
+        "a measured step means nothing to BSP (and a T left over from AMB cannot reach it: it takes none)"
 
 
 def test_backup_workers_dynamic_batches_kasync_and_timed():

@@ -66,8 +66,9 @@ def test_three_shards_train_to_the_same_bits_as_one(tmp_path):
 
 def test_a_switch_bsp_asp_amb_bsp_on_three_shards_loses_and_repeats_nothing(tmp_path):
     phases = [{"bsp": 0.25}, {"asp": 0.25}, {"amb": 0.25}, {"bsp": 0.25}]
-    path = config(tmp_path, THREE, protocol={"name": "bsp", "batch": 16, "time_budget_s": 0.05},
-                  policy={"name": "schedule", "kwargs": {"phases": phases}}, train={"steps": 80},
+    path = config(tmp_path, THREE, protocol={"name": "bsp", "batch": 16},
+                  policy={"name": "schedule", "kwargs": {"phases": phases},
+                          "protocols": [{"name": "amb", "time_budget_s": 0.05}]}, train={"steps": 80},
                   device={"samples_per_s": 800})
     proc, run_dir = run(tmp_path, str(path))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -71,9 +71,9 @@ def test_the_core_actions_reach_the_followers_in_order_named_by_the_push():
     leader.keys[7] = KEY
     push = Push(7, 3, 5, 2, 0.0, 0.0, step=5, session=11)
     agg = Aggregate(0.0, [push], samples=2, id=4)
-    release = Release(7, 3, Outcome(True, 0, 0.0), WorkOrder("asp", 1, 2, 0.0, 2, False))
+    release = Release(7, 3, Outcome(True, 0, 0.0), WorkOrder("asp", 1, 2, None, 2, False))
     here = ActionLog()
-    actions = [Join(7, 4), Record("x", {}), Apply(1, agg, 0.5, "asp", 0.0, 0.0), release,
+    actions = [Join(7, 4), Record("x", {}), Apply(1, agg, 0.5, "asp", None, 0.0), release,
                SetOptimizer(2.0, None, "reset")]
     execute(actions, Forwarding(here, leader))
     sent = [queue.get_nowait() for _ in range(queue.qsize())]

@@ -263,7 +263,7 @@ def test_a_rounds_gradient_is_the_sum_of_its_workers_gradients() -> None:
     cfg = config(model={"name": "mlp", "kwargs": {"hidden": [16]}}, protocol={"batch": 24, "micro_batch": 8})
     data, model = prepare(cfg)
     real = Real(data, model)
-    order = WorkOrder("bsp", 0, 24, 0.0, 8, False)
+    order = WorkOrder("bsp", 0, 24, None, 8, False)
     works = [SimWorker(cfg, i, np.arange(len(data.x_train))).begin(order, 0.0) for i in range(3)]
     for w in works:
         real.started(w)

@@ -51,6 +51,13 @@ def test_hybrid_config_is_bsp_then_asp():
     assert hybrid_config(base, 1.0, "y").policy.name is None
 
 
+def test_hybrid_config_of_another_protocol_keeps_only_what_bsp_takes():
+    """The config's protocol's own fields (ASP's staleness_lr) are not BSP's: a trial drops them."""
+    hybrid = hybrid_config(load_config(None, ["protocol.name=asp", "protocol.staleness_lr=true"]), 0.5, "x")
+    assert (hybrid.protocol.name, hybrid.protocol.batch) == ("bsp", 16)
+    assert "staleness_lr" not in hybrid.protocol.model_dump()
+
+
 @pytest.mark.integration
 def test_real_two_trial_search(tmp_path):
     """A tolerance of 1 (all of accuracy's range) keeps any hybrid: the search must choose 0.5, whatever

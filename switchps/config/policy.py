@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from switchps.problems import Problems
+from switchps.config.protocol import ProtocolSpec
 from switchps.config.schema import MAX_STEPS, Section, checks_of
 
 
@@ -43,6 +44,19 @@ class PolicySpec(Section):
     window: int = Field(5, gt=0, le=2**20)
     """Recent steps per worker in the stats snapshot (kept in memory; at most 2**20)."""
     on_switch: SwitchSpec = Field(default_factory=SwitchSpec)
+    protocols: list[ProtocolSpec] = Field(default_factory=list)
+    """The fields a switch to each protocol listed puts in force, e.g. `[{name: amb, time_budget_s: 0.5}]`
+    for a schedule that reaches AMB (a protocol's fields cannot sit under another's name). A switch takes
+    the fields the new protocol shares with the one in force, then these (the configured protocol's own,
+    for its name), then the decision's."""
+
+    @field_validator("protocols")
+    @classmethod
+    def _once(cls, v: list[ProtocolSpec]) -> list[ProtocolSpec]:
+        names = [p.name for p in v]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"a protocol listed twice: {', '.join(twice)}")
+        return v
 
     @model_validator(mode="after")
     def _builds(self, info: ValidationInfo) -> "PolicySpec":

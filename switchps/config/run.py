@@ -28,16 +28,17 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from switchps import names
 from switchps.problems import ConfigError, Problems, describe, did_you_mean, under
 from switchps.config.schema import (
-    MAX_BATCH, MAX_SEED, MAX_SHARDS, MAX_SIM_WORKERS, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
+    MAX_SEED, MAX_SHARDS, MAX_SIM_WORKERS, MAX_STEPS, MAX_THREADS, MAX_WORKERS, Checks, Role, Section, checks_of, role_of,
 )
 from switchps.config.policy import PolicySpec, SwitchSpec
+from switchps.config.protocol import ProtocolSpec, Rounds, renamed, unflattened
 from switchps.config.cpu_binding import CpuBindingSpec
 from switchps.config.ray_cluster import RaySpec
 from switchps.config.security import SecuritySpec
 from switchps.config.stragglers import StragglerSpec
 from switchps.yamlfile import apply_override, read_yaml
 
-__all__ = ["ConfigError", "PolicySpec", "RunConfig", "SwitchSpec", "load_config", "parse_config"]
+__all__ = ["ConfigError", "PolicySpec", "ProtocolSpec", "RunConfig", "SwitchSpec", "load_config", "parse_config"]
 
 
 class Cluster(Section):
@@ -198,49 +199,6 @@ class OptimizerSpec(Section):
         return v
 
 
-class ProtocolSpec(Section):
-    """The protocol in force and its parameters; policies change them live."""
-
-    name: str = "bsp"
-    """One of ``switchps.names.PROTOCOLS``: bsp, fmb, amb, asp, ssp, kasync, timed."""
-    batch: int = Field(32, gt=0, le=MAX_BATCH)
-    """Samples per worker step (the sample budget), at most 2**20; FMB is BSP with this fixed batch."""
-    micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH)
-    """Samples per gradient micro-batch, at most 2**20; defaults to `batch`."""
-    time_budget_s: float | None = Field(None, gt=0)
-    """AMB only: T, the compute time per step, from receiving the work order to pushing."""
-    max_batch: int | None = Field(None, gt=0, le=MAX_BATCH)
-    """AMB only: the upper bound on samples per step (default 4 x batch), at most 2**20."""
-    deadline_s: float = Field(30.0, gt=0)
-    """A worker that has not pushed this long after a round began is marked inactive."""
-    backup_workers: int = Field(0, ge=0, lt=MAX_SIM_WORKERS)
-    """Round protocols (bsp, fmb, amb): complete a round on the first N-k pushes and drop the k late ones (k < N)."""
-    excluded_pushes: Literal["join", "drop"] = "join"
-    """Rounds: stale pushes from workers a policy took out of the barrier (elastic) join a later round
-    as stale contributions, or are dropped and counted."""
-    staleness: int = Field(3, ge=0, le=MAX_STEPS)
-    """SSP only: how many clocks a worker may run ahead of the slowest (at most 2**31 - 1)."""
-    staleness_lr: bool = False
-    """ASP/SSP: damp the learning rate by staleness, lr/(1+tau)."""
-    k: int | None = Field(None, gt=0, le=MAX_SIM_WORKERS)
-    """kasync: apply one update of the first K pushes, whatever their versions (default: the workers)."""
-    window_s: float | None = Field(None, gt=0)
-    """timed: apply whatever arrived every window_s seconds, at least one push (required for timed)."""
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return one_of(v, names.PROTOCOLS, "protocol")
-
-    @model_validator(mode="after")
-    def _required(self) -> "ProtocolSpec":
-        if self.name == "amb" and self.time_budget_s is None:
-            raise ValueError("time_budget_s is required when name is amb")
-        if self.name == "timed" and self.window_s is None:
-            raise ValueError("window_s is required when name is timed")
-        return self
-
-
 class CheckpointSpec(Section):
     """When the PS saves its whole state (see README, Fault tolerance); either trigger, or both."""
 
@@ -337,7 +295,7 @@ class RunConfig(Section):
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
-    protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
+    protocol: ProtocolSpec = Field(default_factory=Rounds)
     train: TrainSpec = Field(default_factory=lambda: TrainSpec(epochs=10))
     eval: EvalSpec = Field(default_factory=EvalSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
@@ -354,7 +312,7 @@ class RunConfig(Section):
         n = self.cluster.num_workers
         ps_host = self.cluster.shards[0].rpartition(":")[0]
         problems = under("security", self.security.role_problems(role_of(info), ps_host))
-        if self.protocol.backup_workers >= n:
+        if isinstance(self.protocol, Rounds) and self.protocol.backup_workers >= n:
             problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
         if problems:
             raise Problems(problems)
@@ -383,11 +341,16 @@ def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = No
     if not isinstance(raw, dict):
         raise ConfigError(f"config: the top level must be a mapping of sections, got a {type(raw).__name__}")
     problems: list[str] = []
+    if isinstance(raw.get("protocol"), dict):  # a run's config.yaml written before the union
+        raw["protocol"] = unflattened(raw["protocol"])
+    old = _protocol_name(raw)
     for o in overrides:
         try:
             apply_override(raw, o)
         except ConfigError as e:
             problems += e.problems
+    if isinstance(raw.get("protocol"), dict) and old is not None:
+        raw["protocol"] = renamed(raw["protocol"], old)
     try:
         cfg = RunConfig.model_validate(raw, context={"role": role, "checks": checks})
     except ValidationError as err:
@@ -395,6 +358,12 @@ def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = No
     if problems:
         raise ConfigError(*problems)
     return cfg
+
+
+def _protocol_name(raw: dict[str, Any]) -> str | None:
+    """The protocol ``raw`` names before any override (bsp when it names none)."""
+    section = raw.get("protocol", {})
+    return section.get("name", "bsp") if isinstance(section, dict) else None
 
 
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = (), role: Role | None = None,

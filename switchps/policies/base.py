@@ -50,7 +50,7 @@ class Decision:
     """What to change. Fields left as None/empty are left as they are."""
 
     reason: str
-    protocol: str | None = None                 # switch to bsp | asp | ssp | amb | fmb | kasync | timed
+    protocol: str | None = None                 # switch to bsp | asp | ssp | amb | fmb | kasync | timed | backup
     params: dict[str, Any] = field(default_factory=dict)   # protocol fields, e.g. {"staleness": 2}
     batches: dict[int, int] | None = None       # per-worker sample budgets
     time_budget_s: float | None = None          # AMB's T

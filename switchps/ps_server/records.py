@@ -91,7 +91,7 @@ def update_row(a: Apply) -> dict[str, Any]:
     return dict(version=a.version, protocol=a.protocol, workers=";".join(str(m.worker) for m in members),
                 samples=sum(b), staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness),
                 train_loss=sum(m.loss_sum for m in members) / sum(b), b_min=min(b), b_mean=sum(b) / len(b),
-                b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s or None,
+                b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s,
                 pushes=";".join(f"{m.worker}:{m.session}:{m.step}" for m in members))
 
 

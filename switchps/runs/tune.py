@@ -16,6 +16,7 @@ import yaml
 from rich.table import Table
 
 from switchps.checks import PREFLIGHT
+from switchps.config.protocol import carried
 from switchps.config.run import RunConfig, parse_config
 from switchps.jsonfile import write_json
 from switchps.launch.launcher import launch
@@ -56,7 +57,7 @@ def hybrid_config(cfg: RunConfig, fraction: float, name: str) -> RunConfig:
     """``cfg`` as BSP alone (fraction 1) or as BSP for ``fraction`` of training, then ASP."""
     raw = cfg.model_dump(mode="json")
     raw["name"] = name
-    raw["protocol"]["name"] = "bsp"
+    raw["protocol"] = carried(raw["protocol"], "bsp")
     raw["policy"] = {**raw["policy"], "name": None, "kwargs": {}}
     if fraction < 1.0:
         raw["policy"].update(name="schedule", kwargs={"phases": [{"bsp": fraction}, {"asp": 1 - fraction}]})

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PROTOCOL_COLORS = {"bsp": "tab:blue", "asp": "tab:orange", "ssp": "tab:green", "amb": "tab:red",
-                   "fmb": "tab:purple", "kasync": "tab:brown", "timed": "tab:pink"}
+                   "fmb": "tab:purple", "kasync": "tab:brown", "timed": "tab:pink", "backup": "tab:olive"}
 
 
 def target_of(spec: StudySpec, runs: dict[tuple[str, int], Path]) -> float:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from switchps.protos.orders import from_wire
 from switchps.straggler_trace import StepDelays
 
 
@@ -33,13 +34,14 @@ class RealClock:
 
 
 class Order(Protocol):
-    """What a step needs of its work order (the worker's protobuf one, a simulator's ``WorkOrder``)."""
+    """What a step needs of its work order (the worker's protobuf one, whose time budget is read through
+    ``orders.from_wire``, or a simulator's ``WorkOrder``)."""
 
     @property
     def sample_budget(self) -> int: ...
 
     @property
-    def time_budget_s(self) -> float: ...
+    def time_budget_s(self) -> float | None: ...
 
     @property
     def micro_batch(self) -> int: ...
@@ -138,12 +140,13 @@ class StepRunner:
         return step
 
     def _compute(self, order: Order, received_at: float, delays: StepDelays, slept: float) -> Step:
-        if not order.time_budget_s and self.samples_per_s is None and delays.factor == 1.0:
+        budget_s = from_wire(order.time_budget_s)
+        if budget_s is None and self.samples_per_s is None and delays.factor == 1.0:
             t0 = self.clock.now()
             rows = self.sampler.take(order.sample_budget)
             grad, loss = self.gc.compute(rows, order.micro_batch)
             return Step(grad, len(rows), loss, self.clock.now() - t0, slept)
-        end = received_at + order.time_budget_s if order.time_budget_s else math.inf
+        end = math.inf if budget_s is None else received_at + budget_s
         done, compute = 0, 0.0
         while done < order.sample_budget:
             rows = self.sampler.take(min(order.micro_batch, order.sample_budget - done))

@@ -42,7 +42,7 @@ class Apply:
     aggregate: Aggregate
     lr_factor: float
     protocol: str
-    time_budget_s: float
+    time_budget_s: float | None
     wait_s: float
 
 

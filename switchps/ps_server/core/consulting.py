@@ -18,7 +18,7 @@ from typing import Any
 from switchps.policies.base import ClusterView, Decision, Policy, WorkerStats
 from switchps.ps_server.core.actions import Record
 from switchps.ps_server.core.events import Batches, Budget, Membership, Push, StepReport
-from switchps.ps_server.core.protocols import SyncProtocol
+from switchps.ps_server.core.protocols import Protocol
 
 
 Step = tuple[float, float, int, float]
@@ -83,7 +83,7 @@ def cluster_view(r: Recent, m: Membership, version: int, samples: int, protocol:
         version=version, time_s=time_s, progress=progress, protocol=protocol, num_workers=m.num_workers,
         active=frozenset(m.active), excluded=frozenset(m.excluded), workers=worker_stats(r),
         batches={w: b.samples for w, b in budgets.items() if w >= 0}, train_loss=train_loss(r),
-        time_budget_s=budgets[-1].time_s or None, epoch=samples / (sum(m.registered.values()) or 1))
+        time_budget_s=budgets[-1].time_budget_s, epoch=samples / (sum(m.registered.values()) or 1))
 
 
 class Consulting:
@@ -122,10 +122,10 @@ class Consulting:
         finally:
             self.consulting = False
 
-    def view(self, protocol: SyncProtocol, m: Membership, version: int, samples: int, time_s: float,
+    def view(self, protocol: Protocol, m: Membership, version: int, samples: int, time_s: float,
              progress: float) -> ClusterView:
         """The frozen view the policy gets, with every active worker's budget and the protocol's T."""
-        budgets = {w: protocol.budget(w, self.batches) for w in [-1, *sorted(m.active)]}
+        budgets = {w: protocol.work.budget(w, self.batches) for w in [-1, *sorted(m.active)]}
         return cluster_view(self.recent, m, version, samples, protocol.name, budgets, time_s, progress)
 
     def set_batches(self, d: Decision, policy: str, version: int) -> list[Record]:

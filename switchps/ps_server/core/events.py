@@ -10,24 +10,7 @@ also: the aggregates, work orders and outcomes the actions carry, and their chec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
-
-
-class Settings(Protocol):
-    """The protocol fields of the config (``config.ProtocolSpec``)."""
-
-    name: str
-    batch: int
-    micro_batch: int | None
-    time_budget_s: float | None
-    max_batch: int | None
-    deadline_s: float
-    backup_workers: int
-    staleness: int
-    staleness_lr: bool
-    k: int | None
-    window_s: float | None
-    excluded_pushes: Literal["join", "drop"]
+from typing import Any
 
 
 @dataclass(eq=False)  # compared by identity: one push, one reply
@@ -97,10 +80,10 @@ class Membership:
 
 @dataclass(frozen=True)
 class Budget:
-    """A work order's budget: samples, a time limit (0: none) and the micro-batch."""
+    """A work order's budget: samples, a time limit (None: none) and the micro-batch."""
 
     samples: int
-    time_s: float
+    time_budget_s: float | None
     micro_batch: int
 
 
@@ -145,7 +128,8 @@ class WorkOrder:
     protocol: str
     version: int
     sample_budget: int
-    time_budget_s: float
+    time_budget_s: float | None
+    """None: no time budget (the wire says 0)."""
     micro_batch: int
     stop: bool
 

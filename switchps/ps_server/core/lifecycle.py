@@ -12,8 +12,8 @@ from typing import Any
 from switchps.config.run import TrainSpec
 from switchps.policies.base import Decision
 from switchps.ps_server.core.actions import Record
+from switchps.ps_server.core.aggregation import AggregationRule
 from switchps.ps_server.core.events import Membership, absolute, relative
-from switchps.ps_server.core.protocols import SyncProtocol
 from switchps.refusals import invalid, precondition
 
 MAX_PARTITION_SIZE = 2**40
@@ -100,7 +100,7 @@ class Lifecycle:
         workers = {"workers": sorted(m.registered)}
         return ([] if complete else [Record("started_incomplete", workers)]) + [Record("training_started", workers)]
 
-    def next_timer(self, protocol: SyncProtocol) -> float | None:
+    def next_timer(self, protocol: AggregationRule) -> float | None:
         """When the core next wants the time: the start-up timeout before training starts; while it runs,
         the time limit or the deadline or window of ``protocol`` (the one in force), whichever is first."""
         if self.started_at is None:

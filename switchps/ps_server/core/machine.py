@@ -15,9 +15,11 @@ core next wants ``timer`` called (a deadline, a window, the time limit, the star
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from switchps.config.run import ProtocolSpec, SwitchSpec, TrainSpec
+from switchps.config.protocol import ProtocolSpec
+from switchps.config.run import SwitchSpec, TrainSpec
 from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server.core.consulting import Consulting
 from switchps.ps_server.core.admission import Orders, Receipts
@@ -41,9 +43,10 @@ class Core:
 
     def __init__(self, protocol: ProtocolSpec, train: TrainSpec, num_workers: int, *,
                  startup_timeout_s: float = 120.0, on_switch: SwitchSpec | None = None, momentum: float = 0.0,
-                 policy: Policy | None = None, every_k: int = 10, window: int = 5) -> None:
+                 policy: Policy | None = None, every_k: int = 10, window: int = 5,
+                 targets: Sequence[ProtocolSpec] = ()) -> None:
         self.lifecycle = Lifecycle(train, Membership(num_workers), startup_timeout_s)
-        self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members)
+        self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members, targets)
         self.consulting = Consulting(policy, every_k, window, num_workers)
         self.orders, self.receipts, self.outbox = Orders(), Receipts(), Outbox()
         self.parts: dict[str, Part] = {"lifecycle": self.lifecycle, "switching": self.switching,  # in this order
@@ -82,8 +85,8 @@ class Core:
 
     def work_order(self, worker: int = -1) -> WorkOrder:
         """The work order ``worker`` would get now (-1: a reader such as the evaluator, who computes nothing)."""
-        b = self.switching.protocol.budget(worker, self.consulting.batches)
-        return WorkOrder(self.spec.name, self.version, b.samples, b.time_s, b.micro_batch, self.done)
+        b = self.switching.protocol.work.budget(worker, self.consulting.batches)
+        return WorkOrder(self.spec.name, self.version, b.samples, b.time_budget_s, b.micro_batch, self.done)
 
     def issue(self, worker: int, now: float, step: bool = False) -> WorkOrder:
         """``work_order``, given to ``worker`` at ``now``: it bounds the worker's next push (``orders``).
@@ -97,7 +100,7 @@ class Core:
 
     def next_timer(self) -> float | None:
         """When ``timer`` should next be called, if ever."""
-        return self.lifecycle.next_timer(self.switching.protocol)
+        return self.lifecycle.next_timer(self.switching.protocol.rule)
 
     def check_register(self, worker: int, partition_size: int) -> None:
         """Raise ``Rejected`` unless a worker index and partition size are plausible."""
@@ -135,7 +138,7 @@ class Core:
         """A validated push arrived (the driver holds its buffer until a ``Join`` or ``Free`` names it)."""
         self.members.last_seen[p.worker] = now
         if self.receipts.seen(p):
-            self.outbox.retried(p, self.switching.protocol.waiting(), self.version)
+            self.outbox.retried(p, self.switching.protocol.rule.waiting(), self.version)
             return self._flush(now)
         self.receipts.note(p)
         self.consulting.note_step(p, report)
@@ -145,8 +148,8 @@ class Core:
             return self._flush(now)
         if p.worker not in self.members.active:
             self.outbox.add(self.lifecycle.activate(p.worker, "worker_rejoined", self.version))
-            self._run(self.switching.protocol.on_membership(self.members, now), now)
-        effect = self.switching.protocol.admit(p, self.members, now)
+            self._run(self.switching.protocol.rule.on_membership(self.members, now), now)
+        effect = self.switching.protocol.rule.admit(p, self.members, now)
         self.outbox.admitted(p, effect, self.version)
         self._run(effect, now)
         return self._flush(now)
@@ -157,7 +160,7 @@ class Core:
             self._maybe_start(now)
         elif not self.done:
             self._check_finished(now)
-            self._run(self.switching.protocol.on_timer(self.members, now), now)
+            self._run(self.switching.protocol.rule.on_timer(self.members, now), now)
         return self._flush(now)
 
     def switch(self, new: ProtocolSpec, reason: str, policy: str, now: float) -> list[Action]:
@@ -203,7 +206,7 @@ class Core:
         switch that waited for its round, a learning rate that follows measured batches, the policy."""
         self.outbox.add(self.lifecycle.deactivate(e.deactivate, self.version))
         if e.deactivate:
-            self._run(self.switching.protocol.on_membership(self.members, now), now, settle)
+            self._run(self.switching.protocol.rule.on_membership(self.members, now), now, settle)
         for u in e.apply:
             self.version, self.samples = self.version + 1, self.samples + u.aggregate.samples
             self.consulting.note_update(u.aggregate.samples)
@@ -214,19 +217,19 @@ class Core:
         if e.apply and settle and not self.done:
             self._switch(self.switching.ready(), now)
             self.outbox.add(self.switching.remeasured(self.consulting.measured()))
-            if self.consulting.due(len(e.apply), self.switching.protocol.asynchronous):
+            if self.consulting.due(len(e.apply), self.switching.protocol.rule.asynchronous):
                 self._consult(now)
 
     def _maybe_start(self, now: float) -> None:
         if (records := self.lifecycle.start(now)) is not None:
-            self.switching.protocol.enter(None, self.members, now)
+            self.switching.protocol.rule.enter(None, self.members, now)
             self.outbox.add(records)
             if self.consulting.policy is not None:  # e.g. a schedule's first phase is in force from step 0
                 self._consult(now)
 
     def _check_finished(self, now: float) -> None:
         if self.lifecycle.finish(now, self.version, self.samples):
-            self._run(self.switching.protocol.drain(self.members, now), now, settle=False)  # its pushes count
+            self._run(self.switching.protocol.rule.drain(self.members, now), now, settle=False)  # its pushes count
             self.outbox.add([Record("training_finished", {"version": self.version, "samples": self.samples})])
 
     def _consult(self, now: float) -> None:
@@ -237,7 +240,7 @@ class Core:
     def _apply_decision(self, d: Decision, policy: str, now: float) -> None:
         self.outbox.add(self.lifecycle.regroup(d, policy, self.version))
         if d.exclude or d.readmit:
-            self._run(self.switching.protocol.on_membership(self.members, now), now)
+            self._run(self.switching.protocol.rule.on_membership(self.members, now), now)
         self.outbox.add(self.consulting.set_batches(d, policy, self.version))
         sw, rejected = self.switching.decided(d, policy, now)
         self.outbox.add(rejected)

@@ -1,390 +1,83 @@
-"""Synchronization protocols as small objects: when a push is applied, and when its pusher hears back.
+"""A protocol is a work rule and an aggregation rule; the registry names each pair.
 
-Each class is one aggregation rule over push metadata (never a gradient). The core admits a push; the
-protocol answers with an ``Effect``: the aggregate it joins, updates to apply now, held pushes to
-release, whether this pusher waits, or why it is dropped. Time is an argument, never read. Like
-ps-lite's request handlers, the rules differ only in which replies they release, and when:
-- ``Rounds`` (bsp, fmb, amb): each worker in the barrier pushes once per version; the round, minus
-  ``backup_workers`` late pushes, becomes one update and releases everyone. A round older than
-  ``deadline_s`` completes without its missing workers. AMB differs only in its work order (T).
-- ``OnArrival`` (asp): every push is one update, at once. ``Bounded`` (ssp): the same, but a worker
-  more than ``s`` pushes ahead of the slowest active worker waits.
-- ``EveryK`` (kasync): one update of the first K pushes, whatever their versions; nobody waits.
-- ``Windowed`` (timed): one update of whatever arrived in each ``window_s``, at least one push.
+The work rule (``work_rules``) sets what a worker's order asks (a sample budget, or a time budget with a
+max batch); the aggregation rule (``aggregation``) decides which pushes form an update and when. The
+core asks the work rule for orders and hands pushes, timers and membership to the aggregation rule;
+the effective batch, for the learning-rate rule, takes both. AMB is rounds with a time budget, FMB
+rounds with samples: a name is nothing but its pair and its config member (``config.protocol``).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
-from switchps.ps_server.core.events import (
-    Aggregate, Batches, Budget, Effect, Membership, Push, Settings, Update, aggregate_from, aggregate_state,
-    push_from, push_state,
-)
-
-
-def required(m: Membership) -> set[int]:
-    """The workers a round waits for."""
-    return m.active - m.excluded
+from switchps.config.protocol import ProtocolSpec
+from switchps.ps_server.core.aggregation import AggregationRule, Bounded, EveryK, OnArrival, Rounds, Windowed
+from switchps.ps_server.core.events import Batches
+from switchps.ps_server.core.work_rules import Samples, TimeBudget, WorkRule
 
 
-def join(a: Aggregate, p: Push) -> Aggregate:
-    """Take ``p`` into ``a`` (the driver adds its gradient into ``a``'s sum, told by the core's ``Join``)."""
-    a.members.append(p)
-    a.workers.add(p.worker)
-    a.samples += p.samples
-    return a
+@dataclass(frozen=True)
+class Pair:
+    """A protocol name's rules."""
+
+    rule: type[AggregationRule]
+    work: type[WorkRule]
 
 
-def per_worker(b: Batches, batch: int) -> list[float]:
-    """Each worker's sample budget: a policy's, else the protocol's batch."""
-    return [float(b.per_worker.get(w, batch)) for w in range(b.num_workers)]
+PROTOCOLS: dict[str, Pair] = {
+    "bsp": Pair(Rounds, Samples), "fmb": Pair(Rounds, Samples), "amb": Pair(Rounds, TimeBudget),
+    "asp": Pair(OnArrival, Samples), "ssp": Pair(Bounded, Samples), "kasync": Pair(EveryK, Samples),
+    "timed": Pair(Windowed, Samples), "backup": Pair(Rounds, Samples),
+}
+"""Every protocol by name (``names.PROTOCOLS``, in its order): its aggregation rule and its work rule."""
 
 
-class SyncProtocol(ABC):
-    """One aggregation rule; see the module docstring. Subclasses set ``names`` and ``asynchronous``."""
+@dataclass
+class Protocol:
+    """The protocol in force: its config member and the two rules built from it."""
 
-    names: ClassVar[tuple[str, ...]]
-    asynchronous: ClassVar[bool]
-    """Pushes may be stale by design (the asynchrony momentum rule applies)."""
-
-    def __init__(self, s: Settings) -> None:
-        self.s = s
+    spec: ProtocolSpec
+    rule: AggregationRule
+    work: WorkRule
 
     @property
     def name(self) -> str:
-        return self.s.name
+        return self.spec.name
+
+    @property
+    def asynchronous(self) -> bool:
+        """Pushes may be stale by design (the asynchrony momentum rule applies)."""
+        return self.rule.asynchronous
 
     @property
     def measures_batch(self) -> bool:
-        """The effective batch is what was measured, so the learning rate follows it update by update."""
-        return False
+        """The effective batch is measured (a time budget's steps, a window's updates): the learning rate
+        follows it update by update."""
+        return self.work.measures_batch or self.rule.measures_batch
 
-    def budget(self, worker: int, batches: dict[int, int]) -> Budget:
-        samples = batches.get(worker, self.s.batch)
-        return Budget(samples, 0.0, min(self.s.micro_batch or self.s.batch, samples))
-
-    @abstractmethod
-    def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        """Take a push in (its staleness set, its worker active)."""
-
-    def enter(self, previous: SyncProtocol | None, m: Membership, now: float) -> None:
-        """Come into force after ``previous`` (None at the start)."""
-
-    def busy(self) -> bool:
-        """Whether a switch must wait (a round in flight completes first)."""
-        return False
-
-    def waiting(self) -> list[Push]:  # the admitted pushes whose pushers still wait for a reply
-        return []
-
-    def drain(self, m: Membership, now: float) -> Effect:
-        """Leave force or end training: apply what is pending and release whoever waits."""
-        return Effect()
-
-    def on_timer(self, m: Membership, now: float) -> Effect:  # a deadline or a window passed
-        return Effect()
-
-    def next_timer(self, m: Membership) -> float | None:  # when ``on_timer`` is next due
-        return None
-
-    def on_membership(self, m: Membership, now: float) -> Effect:
-        """Workers joined, left or were excluded."""
-        return Effect()
-
-    @abstractmethod
     def effective_batch(self, b: Batches) -> float:
         """Samples per update, for the learning-rate rule."""
+        return self.rule.effective_batch(b, self.work.samples(b))
+
+    def same_rule(self, new: ProtocolSpec) -> bool:
+        """Whether ``new`` runs the aggregation rule in force (a switch keeps its state: ``reconfigure``)."""
+        return type(self.rule) is PROTOCOLS[new.name].rule
+
+    def reconfigure(self, new: ProtocolSpec) -> None:
+        """Take ``new``'s parameters and work rule, keeping the aggregation rule's state (``same_rule``)."""
+        self.spec = self.rule.s = new
+        self.work = PROTOCOLS[new.name].work(new)
 
     def state_dict(self, now: float) -> dict[str, Any]:
-        """Everything the rule holds, times relative to ``now``."""
-        return {}
+        """The aggregation rule's state (a work rule holds none)."""
+        return self.rule.state_dict(now)
 
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
-        pass
+        self.rule.load_state_dict(d, now)
 
 
-class Rounds(SyncProtocol):
-    names = ("bsp", "fmb", "amb")
-    asynchronous = False
-
-    def __init__(self, s: Settings) -> None:
-        super().__init__(s)
-        self.round: Aggregate | None = None
-        self.joins: set[int] = set()  # their next push joins the round whatever its version
-
-    @property
-    def time_budget_s(self) -> float:
-        """AMB's T; 0 for BSP and FMB, which end a step by samples alone."""
-        return (self.s.time_budget_s or 0.0) if self.s.name == "amb" else 0.0
-
-    @property
-    def measures_batch(self) -> bool:
-        return bool(self.time_budget_s)
-
-    def budget(self, worker: int, batches: dict[int, int]) -> Budget:
-        if not self.time_budget_s:
-            return super().budget(worker, batches)
-        samples = self.s.max_batch or 4 * self.s.batch  # AMB: at most this many, within T
-        return Budget(samples, self.time_budget_s, min(self.s.micro_batch or self.s.batch, samples))
-
-    def enter(self, previous: SyncProtocol | None, m: Membership, now: float) -> None:
-        if previous is not None and previous.asynchronous:
-            self.joins = set(m.active)  # gradients in flight from asynchronous orders join the first round
-
-    def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        excluded = p.worker in m.excluded
-        joins = p.worker in self.joins or (excluded and self.s.excluded_pushes == "join")
-        self.joins.discard(p.worker)
-        if p.staleness and not joins:
-            return Effect(drop="excluded_stale" if excluded else "backup" if self.s.backup_workers else "late")
-        r = self.round = self.round or Aggregate(started=p.arrived)
-        if p.worker in r.workers:
-            return Effect(drop="duplicate")
-        join(r, p)
-        effect = self._complete_if_ready(m)
-        effect.joined, effect.hold = r, p not in effect.release
-        return effect
-
-    def _complete_if_ready(self, m: Membership) -> Effect:
-        r, k = self.round, self.s.backup_workers
-        if r is None or len(r.workers) < max(1, len(m.active) - len(m.excluded) - k):
-            return Effect()  # fewer members than the barrier's least size: no need to build the barrier
-        barrier = required(m)
-        if len(r.workers & barrier) < max(1, len(barrier) - k):
-            return Effect()
-        return self._complete()
-
-    def _complete(self) -> Effect:
-        r, self.round = self.round, None
-        return Effect(apply=[Update(r)], release=list(r.members)) if r else Effect()
-
-    def busy(self) -> bool:
-        return self.round is not None
-
-    def waiting(self) -> list[Push]:
-        return list(self.round.members) if self.round else []
-
-    def drain(self, m: Membership, now: float) -> Effect:
-        return self._complete()
-
-    def on_membership(self, m: Membership, now: float) -> Effect:
-        return self._complete_if_ready(m)
-
-    def next_timer(self, m: Membership) -> float | None:
-        return self.round.started + self.s.deadline_s if self.round else None
-
-    def on_timer(self, m: Membership, now: float) -> Effect:
-        r = self.round
-        if r is None or now < r.started + self.s.deadline_s:
-            return Effect()
-        missing = sorted(required(m) - r.workers)
-        effect = self._complete()
-        effect.deactivate = [(w, "bsp_deadline") for w in missing]
-        return effect
-
-    def effective_batch(self, b: Batches) -> float:
-        measured = b.step_samples if self.time_budget_s else None
-        per = [measured] * b.num_workers if measured is not None else per_worker(b, self.s.batch)
-        return sum(per) * (b.num_workers - self.s.backup_workers) / b.num_workers
-
-    def state_dict(self, now: float) -> dict[str, Any]:
-        return {"joins": sorted(self.joins), "round": aggregate_state(self.round, now)}
-
-    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
-        self.joins, self.round = set(d["joins"]), aggregate_from(d["round"], now)
-
-
-def _damped(s: Settings, p: Push) -> Update:
-    """A single push as an update, with lr / (1 + staleness) if ``staleness_lr``."""
-    return Update(join(Aggregate(started=p.arrived), p),
-                  1.0 / (1 + p.staleness) if s.staleness_lr else 1.0)
-
-
-class OnArrival(SyncProtocol):
-    names = ("asp",)
-    asynchronous = True
-
-    def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        update = _damped(self.s, p)
-        return Effect(joined=update.aggregate, apply=[update], release=[p])
-
-    def effective_batch(self, b: Batches) -> float:
-        per = per_worker(b, self.s.batch)
-        return sum(per) / len(per)
-
-
-class Bounded(SyncProtocol):
-    names = ("ssp",)
-    asynchronous = True
-
-    def __init__(self, s: Settings) -> None:
-        super().__init__(s)
-        self.clocks: dict[int, int] = {}
-        self.held: list[Push] = []
-
-    def enter(self, previous: SyncProtocol | None, m: Membership, now: float) -> None:
-        self.clocks = dict.fromkeys(m.registered, 0)
-
-    def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        self.clocks[p.worker] = self.clocks.get(p.worker, self._slowest(m)) + 1
-        effect = self._release(m)
-        effect.apply = [_damped(self.s, p)]
-        effect.joined = effect.apply[0].aggregate
-        effect.hold = bool(self._laggards(p.worker, m))
-        if effect.hold:
-            self.held.append(p)
-        else:
-            effect.release.append(p)
-        return effect
-
-    def _slowest(self, m: Membership) -> int:
-        return min((self.clocks.get(w, 0) for w in m.active), default=0)
-
-    def _laggards(self, worker: int, m: Membership) -> list[int]:
-        """Active workers more than ``s`` pushes behind ``worker``."""
-        mine = self.clocks.get(worker, 0)
-        return [w for w in m.active if mine - self.clocks.get(w, 0) > self.s.staleness]
-
-    def _release(self, m: Membership) -> Effect:
-        free = [p for p in self.held if not self._laggards(p.worker, m)]
-        self.held = [p for p in self.held if p not in free]
-        return Effect(release=free)
-
-    def on_membership(self, m: Membership, now: float) -> Effect:
-        for w in m.active:  # a worker that rejoins starts level with the slowest, never behind it
-            self.clocks.setdefault(w, self._slowest(m))
-        return self._release(m)
-
-    def drain(self, m: Membership, now: float) -> Effect:
-        held, self.held = self.held, []
-        return Effect(release=held)
-
-    def waiting(self) -> list[Push]:
-        return list(self.held)
-
-    def _overdue(self, m: Membership) -> dict[int, float]:
-        """Each laggard holding someone back, with when it misses its deadline."""
-        laggards = {w for p in self.held for w in self._laggards(p.worker, m)}
-        return {w: m.last_seen.get(w, 0.0) + self.s.deadline_s for w in laggards}
-
-    def next_timer(self, m: Membership) -> float | None:
-        return min(self._overdue(m).values(), default=None)
-
-    def on_timer(self, m: Membership, now: float) -> Effect:
-        late = sorted(w for w, t in self._overdue(m).items() if t <= now)
-        return Effect(deactivate=[(w, "ssp_deadline") for w in late])
-
-    def effective_batch(self, b: Batches) -> float:
-        per = per_worker(b, self.s.batch)
-        return sum(per) / len(per)
-
-    def state_dict(self, now: float) -> dict[str, Any]:
-        return {"clocks": {str(w): c for w, c in self.clocks.items()},
-                "held": [push_state(p, now) for p in self.held]}
-
-    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
-        self.clocks = {int(w): int(c) for w, c in d["clocks"].items()}
-        self.held = [push_from(p, now) for p in d["held"]]
-
-
-class _Accumulating(SyncProtocol):
-    """Sums pushes as they come, without holding anyone; subclasses decide when the sum is applied."""
-
-    asynchronous = True
-
-    def __init__(self, s: Settings) -> None:
-        super().__init__(s)
-        self.acc: Aggregate | None = None
-
-    def _take(self, p: Push) -> Aggregate:
-        self.acc = self.acc or Aggregate(started=p.arrived)
-        return join(self.acc, p)
-
-    def _flush(self) -> list[Update]:
-        acc, self.acc = self.acc, None
-        return [Update(acc)] if acc else []
-
-    def drain(self, m: Membership, now: float) -> Effect:
-        return Effect(apply=self._flush())
-
-    def state_dict(self, now: float) -> dict[str, Any]:
-        return {"acc": aggregate_state(self.acc, now)}
-
-    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
-        self.acc = aggregate_from(d["acc"], now)
-
-
-class EveryK(_Accumulating):
-    names = ("kasync",)
-
-    def k(self, m: Membership) -> int:
-        return self.s.k or m.num_workers
-
-    def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        acc = self._take(p)
-        return Effect(joined=acc, apply=self._flush() if len(acc.members) >= self.k(m) else [], release=[p])
-
-    def effective_batch(self, b: Batches) -> float:
-        per = per_worker(b, self.s.batch)
-        return (self.s.k or b.num_workers) * sum(per) / len(per)
-
-
-class Windowed(_Accumulating):
-    names = ("timed",)
-
-    def __init__(self, s: Settings) -> None:
-        super().__init__(s)
-        self.window_end: float | None = None  # None: the window ended empty; the next push closes it
-
-    @property
-    def window_s(self) -> float:
-        return self.s.window_s or 1.0
-
-    def enter(self, previous: SyncProtocol | None, m: Membership, now: float) -> None:
-        self.window_end = now + self.window_s
-
-    def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        acc = self._take(p)
-        if self.window_end is None:  # the window ended with nothing in it: this push closes it
-            self.window_end = now + self.window_s
-            return Effect(joined=acc, apply=self._flush(), release=[p])
-        return Effect(joined=acc, release=[p])
-
-    def next_timer(self, m: Membership) -> float | None:
-        return self.window_end
-
-    def on_timer(self, m: Membership, now: float) -> Effect:
-        if self.window_end is None or now < self.window_end:
-            return Effect()
-        updates = self._flush()
-        self.window_end = now + self.window_s if updates else None
-        return Effect(apply=updates)
-
-    @property
-    def measures_batch(self) -> bool:
-        return True
-
-    def state_dict(self, now: float) -> dict[str, Any]:
-        end = self.window_end
-        return {**super().state_dict(now), "window_end": None if end is None else end - now}
-
-    def load_state_dict(self, d: dict[str, Any], now: float) -> None:
-        super().load_state_dict(d, now)
-        self.window_end = None if d["window_end"] is None else now + d["window_end"]
-
-    def effective_batch(self, b: Batches) -> float:
-        if b.update_samples is not None:
-            return b.update_samples
-        per = per_worker(b, self.s.batch)
-        return sum(per) / len(per)
-
-
-PROTOCOLS: dict[str, type[SyncProtocol]] = {n: cls for cls in (Rounds, OnArrival, Bounded, EveryK, Windowed)
-                                            for n in cls.names}
-"""Every protocol by name: the one list, which config validation uses too."""
-
-
-def make_protocol(s: Settings) -> SyncProtocol:
-    return PROTOCOLS[s.name](s)
+def make_protocol(s: ProtocolSpec) -> Protocol:
+    pair = PROTOCOLS[s.name]
+    return Protocol(s, pair.rule(s), pair.work(s))

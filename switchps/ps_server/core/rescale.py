@@ -2,7 +2,7 @@
 
 The configured protocol over all workers is the reference: it runs at the
 configured learning rate and momentum (scale 1). Under any other protocol the
-scale follows from that protocol's effective batch (``SyncProtocol.effective_batch``)
+scale follows from that protocol's effective batch (``Protocol.effective_batch``)
 against the reference's, by the ``on_switch.lr`` rule, and from the momentum
 rule. Nothing depends on which switches came before or on who happened to be
 active at the time, so a round trip BSP -> ASP -> BSP lands exactly where it
@@ -12,7 +12,8 @@ started however membership changed in between.
 from __future__ import annotations
 
 from switchps.config.run import SwitchSpec
-from switchps.ps_server.core.protocols import Batches, SyncProtocol
+from switchps.ps_server.core.events import Batches
+from switchps.ps_server.core.protocols import Protocol
 
 
 def lr_rule_factor(rule: str | float, ratio: float) -> float:
@@ -29,7 +30,7 @@ def asynchrony_momentum(momentum: float, workers: int) -> float:
     return max(0.0, momentum - (1.0 - 1.0 / workers))
 
 
-def momentum_in_force(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured: float,
+def momentum_in_force(current: Protocol, reference: Protocol, on_switch: SwitchSpec, configured: float,
                       num_workers: int) -> float:
     """The explicit momentum under ``current``: the configured one, lowered by the asynchrony rule when
     ``current`` is asynchronous and the reference is not (the rule only ever lowers what was configured)."""
@@ -38,7 +39,7 @@ def momentum_in_force(current: SyncProtocol, reference: SyncProtocol, on_switch:
     return asynchrony_momentum(configured, num_workers)
 
 
-def lr_scale(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured_momentum: float,
+def lr_scale(current: Protocol, reference: Protocol, on_switch: SwitchSpec, configured_momentum: float,
              b: Batches) -> float:
     """The multiplier on the configured learning rate while ``current`` is in force.
 
@@ -67,7 +68,7 @@ def ramp(on_switch: SwitchSpec, restore: float, since: int) -> float:
     return f
 
 
-def rescaled(current: SyncProtocol, reference: SyncProtocol, on_switch: SwitchSpec, configured_momentum: float,
+def rescaled(current: Protocol, reference: Protocol, on_switch: SwitchSpec, configured_momentum: float,
              b: Batches) -> tuple[float, float]:
     """The learning-rate scale and the momentum in force under ``current``."""
     mu = momentum_in_force(current, reference, on_switch, configured_momentum, b.num_workers)

@@ -12,16 +12,18 @@ after that has run, rescales, and records the switch.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from switchps.config.run import ProtocolSpec, SwitchSpec
+from switchps.config.protocol import ProtocolSpec, carried, protocol_spec, saved_spec
+from switchps.config.policy import SwitchSpec
 from switchps.policies.base import Decision
 from switchps.ps_server.core.actions import Action, Apply, Record, SetOptimizer
 from switchps.ps_server.core.events import Batches, Effect, Membership, Update
 from switchps.ps_server.core.overhead import SwitchRecord
-from switchps.ps_server.core.protocols import PROTOCOLS, make_protocol
+from switchps.ps_server.core.protocols import make_protocol
 from switchps.ps_server.core.rescale import ramp, rescaled, restore_factor
 
 
@@ -37,8 +39,11 @@ class Pending(NamedTuple):
 class Switching:
     """The protocol in force, a switch that waits for its round, the learning-rate scale and momentum."""
 
-    def __init__(self, spec: ProtocolSpec, on_switch: SwitchSpec, momentum: float, members: Membership) -> None:
+    def __init__(self, spec: ProtocolSpec, on_switch: SwitchSpec, momentum: float, members: Membership,
+                 targets: Sequence[ProtocolSpec] = ()) -> None:
         self.spec, self.on_switch = spec, on_switch
+        # the fields given for protocols a switch may reach: the configured protocol's, ``policy.protocols``'
+        self.targets = {t.name: t.model_dump(exclude_unset=True) for t in [spec, *targets]}
         self.members = members  # the lifecycle's, as the protocols see it
         self.protocol = make_protocol(spec)
         self.reference = make_protocol(spec)  # the configured protocol, for the learning-rate rule
@@ -57,7 +62,8 @@ class Switching:
         since = None if self.switched_at is None else version - 1 - self.switched_at
         factor = u.lr_factor * (1.0 if since is None else ramp(self.on_switch, self.restore, since))
         a = u.aggregate
-        return Apply(version, a, factor, self.spec.name, self.protocol.budget(-1, {}).time_s, now - a.started)
+        return Apply(version, a, factor, self.spec.name, self.protocol.work.budget(-1, {}).time_budget_s,
+                     now - a.started)
 
     def decided(self, d: Decision, policy: str, now: float) -> tuple[Pending | None, list[Record]]:
         """The protocol or parameters a decision asks for: the switch to make now (``request``), and a
@@ -67,33 +73,41 @@ class Switching:
         if not update:
             return None, []
         try:
-            new = ProtocolSpec.model_validate({**self.spec.model_dump(), **update})
+            new = self.respec(update)
         except ValidationError as err:
             return None, [Record("decision_rejected", {"policy": policy, "reason": d.reason,
                                                        "error": str(err.errors()[0]["msg"])})]
         return self.request(Pending(new, d.reason, policy, now)), []
+
+    def respec(self, update: dict[str, Any]) -> ProtocolSpec:
+        """The spec a switch to ``update`` (a name, fields) puts in force: the fields its member shares with
+        the spec in force, then those given for it (``targets``), then ``update``'s; a field its member does
+        not take is an error (``pydantic.ValidationError``)."""
+        name = update.get("name", self.spec.name)
+        return protocol_spec({**carried(self.spec.model_dump(), name), **self.targets.get(name, {}), **update})
 
     def request(self, sw: Pending) -> Pending | None:
         """A switch decided: the one to make now, or None if it changes nothing or waits, as ``pending``,
         for the round in flight."""
         if sw.new == self.spec:
             return None
-        if self.protocol.busy():
+        if self.protocol.rule.busy():
             self.pending = sw
             return None
         return sw
 
     def ready(self) -> Pending | None:
         """The pending switch, once the protocol in force is no longer busy with a round."""
-        return self.pending if self.pending is not None and not self.protocol.busy() else None
+        return self.pending if self.pending is not None and not self.protocol.rule.busy() else None
 
     def begin(self, new: ProtocolSpec, now: float) -> Effect:
         """Start switching to ``new``: what the protocol in force must still do before it leaves."""
         self.pending = None
-        if type(self.protocol) is PROTOCOLS[new.name]:  # same rule, other parameters: keep its state
-            self.spec = self.protocol.s = new
-            return self.protocol.on_membership(self.members, now)
-        return self.protocol.drain(self.members, now)  # nothing left behind
+        if self.protocol.same_rule(new):  # same rule, other parameters: keep its state
+            self.protocol.reconfigure(new)
+            self.spec = new
+            return self.protocol.rule.on_membership(self.members, now)
+        return self.protocol.rule.drain(self.members, now)  # nothing left behind
 
     def complete(self, sw: Pending, old: ProtocolSpec, b: Batches, step_s: float, version: int,
                  now: float) -> list[Action]:
@@ -103,7 +117,7 @@ class Switching:
         new = sw.new
         if self.spec is not new:
             previous, self.spec, self.protocol = self.protocol, new, make_protocol(new)
-            self.protocol.enter(previous, self.members, now)
+            self.protocol.rule.enter(previous.rule, self.members, now)
         out: list[Action] = [*self.rescaled(b, self.on_switch.optimizer_state if old.name != new.name else "keep")]
         if old.name != new.name:
             self.switches.append(SwitchRecord(sw.decided_at, new.name, step_s))
@@ -114,7 +128,7 @@ class Switching:
         return out + [Record("switch" if old.name != new.name else "reconfigure", {
             "version": version, "reason": sw.reason, "policy": sw.policy, "lr_scale": self.lr_scale,
             "momentum": self.momentum, "from": old.name, "to": new.name,
-            "changed": {k: v for k, v in new.model_dump().items() if before[k] != v}})]
+            "changed": {k: v for k, v in new.model_dump().items() if before.get(k) != v}})]
 
     def rescaled(self, b: Batches, state: str = "keep") -> list[SetOptimizer]:
         """The scale and momentum for the protocol in force (``b``: the batches now), set absolutely, if they
@@ -141,13 +155,13 @@ class Switching:
 
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         """(After the lifecycle's: the protocol enters the membership it restored.)"""
-        self.spec = ProtocolSpec.model_validate(d["spec"])
+        self.spec = saved_spec(d["spec"])
         self.protocol = make_protocol(self.spec)
-        self.protocol.enter(None, self.members, now)
+        self.protocol.rule.enter(None, self.members, now)
         self.protocol.load_state_dict(d["protocol"], now)
         self.lr_scale, self.momentum = d["lr_scale"], d["momentum"]
         p = d["pending"]
-        self.pending = None if p is None else Pending(ProtocolSpec.model_validate(p[0]), p[1], p[2], now + p[3])
+        self.pending = None if p is None else Pending(saved_spec(p[0]), p[1], p[2], now + p[3])
         self.switched_at, self.restore = d["switched_at"], d["restore"]
         self.switches = [_switch(now, sw, d.get("update_times", [])) for sw in d["switches"]]
 

@@ -38,6 +38,7 @@ from prometheus_client import Gauge
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import PayloadWriter, aencode, encode, joined, whole_frame
+from switchps.protos.orders import to_wire
 from switchps.protos.requests import decode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
@@ -400,4 +401,4 @@ def _report(s: pb.StepStats) -> StepReport:
 
 
 def _order(o: WorkOrder) -> pb.WorkOrder:
-    return pb.WorkOrder(**dataclasses.asdict(o))
+    return pb.WorkOrder(**{**dataclasses.asdict(o), "time_budget_s": to_wire(o.time_budget_s)})
