@@ -9,11 +9,12 @@ while pydantic validates, so its problems join the one report of the whole file 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo
 
-from switchps.problems import Problem
+from switchps.problems import Problem, did_you_mean
 
 
 class Section(BaseModel):
@@ -65,3 +66,11 @@ def role_of(info: ValidationInfo) -> Role | None:
 def checks_of(info: ValidationInfo) -> Checks | None:
     """The checks a command passed in, if any (none: the schema alone)."""
     return (info.context or {}).get("checks")
+
+
+def one_of(v: str, names: Iterable[str], what: str) -> str:
+    """``v`` if it is one of ``names`` (the list that builds the thing), else a one-line error."""
+    names = list(names)
+    if v not in names:
+        raise ValueError(f"unknown {what} {v!r}{did_you_mean(v, names)}; expected one of {', '.join(names)}")
+    return v

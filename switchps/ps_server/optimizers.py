@@ -24,7 +24,7 @@ from scipy.linalg.blas import saxpy
 from switchps.ps_server.schedules import LRSchedule, make_schedule
 
 if TYPE_CHECKING:
-    from switchps.config.run import OptimizerSpec
+    from switchps.config.optimizer import OptimizerSpec
 
 BLOCK = 131072
 """Elements per block (512 KiB per float32 array), read when an optimizer is created."""

@@ -1,0 +1,54 @@
+"""What is trained: the model and the dataset. Whether they build is asked of the command's checks."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from switchps import names
+from switchps.config.schema import Section, checks_of, one_of, role_of
+from switchps.problems import Problems
+
+
+class ModelSpec(Section):
+    name: str = "mlp"
+    """A zoo name (logreg, mlp, cnn, resnet20, resnet32) or an import path `module:function`
+    (a module in the working directory is found without PYTHONPATH)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Passed to the builder; checked against its signature."""
+
+    @model_validator(mode="after")
+    def _builds(self, info: ValidationInfo) -> "ModelSpec":
+        if (checks := checks_of(info)) and (problems := checks.model(self.name, self.kwargs, role_of(info))):
+            raise Problems(problems)
+        return self
+
+
+class DataSpec(Section):
+    name: str = "digits"
+    """One of ``switchps.names.DATASETS``."""
+    path: str | None = None
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    num_samples: int = Field(10000, gt=0, le=10**7)
+    """synthetic (generated in memory): at most 10**7 samples, and 10**4 features and classes."""
+    num_features: int = Field(20, gt=0, le=10**4)
+    num_classes: int = Field(10, gt=1, le=10**4)
+    sampling: Literal["partition", "replacement"] = "partition"
+    """partition: worker i draws reshuffled epochs of every N-th sample; replacement: each worker draws
+    from the whole training set with replacement (seeded per worker), for more workers than a partition
+    of the data can feed (1,024 workers on digits)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return one_of(v, names.DATASETS, "dataset")
+
+    @model_validator(mode="after")
+    def _files(self, info: ValidationInfo) -> "DataSpec":
+        """npz needs a path; processes that load the data need its files, checked before anything starts."""
+        if self.name == "npz" and not self.path:
+            raise ValueError("path is required when name is npz")
+        if (checks := checks_of(info)) and (problems := checks.data(self.name, self.path, role_of(info))):
+            raise Problems(problems)
+        return self
