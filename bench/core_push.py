@@ -4,8 +4,9 @@ its actions, plus the simulator's own loop and the run record.
 
 For each protocol, one ``switchps simulate`` of ``--workers`` workers for ``--updates`` updates, ``--repeat``
 times; prints JSON: each protocol's median wall microseconds per push (accepted or dropped) of the
-simulation (``summary.json``'s ``sim_wall_s``). It runs the ``switchps`` on ``PYTHONPATH``, so the same
-command at two checkouts, alternating, is a before/after of a change to the core.
+simulation (``summary.json``'s ``sim_wall_s``). It runs the ``switchps`` that ``python -m`` finds: the
+current directory's, then ``PYTHONPATH``'s; so the same command run from two checkouts' roots,
+alternating, is a before/after of a change to the core.
 
     python bench/core_push.py [--workers 256] [--updates 20000] [--repeat 3] [--protocols bsp asp ssp]
 """
