@@ -10,5 +10,13 @@ Its parts, one module each, own their state and save it themselves (``state_dict
 - ``outbox``: what the event in hand tells the driver (``Outbox``), and the ids it gives aggregates;
 - ``switching``: the protocol in force, a switch decided, waiting for its round and made, the
   learning-rate scale and momentum and the ramp after a switch, the switch records;
-- ``consulting``: the policy, when it is asked, what it sees, the batches it set;
+- ``consulting``: the policy, when it is asked, what it sees, the batches it set.
+
+What the parts use, none of it with state of the core's own:
+- ``events`` (what flows in: pushes, step reports, aggregates, work orders) and ``actions`` (what comes
+  out, the ``Executor`` every driver is, and ``execute``);
+- ``protocols``, the registry of each protocol's pair of rules: a work rule (``work_rules``: what an
+  order asks) and an aggregation rule (``aggregation``: which pushes form an update, and when);
+- ``rescale`` (the learning-rate scale and momentum under a protocol) and ``overhead`` (what a switch
+  costs, for the record).
 """
