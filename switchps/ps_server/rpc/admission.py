@@ -24,6 +24,12 @@ from switchps.refusals import Rejected, precondition
 Header = pb.PushHeader | pb.InitHeader
 
 
+def layout_differs(worker: int) -> Rejected:
+    """A registration whose model is not the PS's."""
+    return precondition("layout", f"worker {worker}: its model layout differs from the PS's "
+                                  "(same model config on every worker?)")
+
+
 class Served(Protocol):
     """What an admission's RPCs need of the service: its guard (set once it serves) and its refusals' count."""
 
@@ -84,8 +90,7 @@ class Alone:
     def adopt(self, req: pb.RegisterRequest, held: pb.Layout | None) -> pb.Layout:
         adopted = held or req.layout
         if req.layout.digest != adopted.digest:
-            raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
-                                         "(same model config on every worker?)")
+            raise layout_differs(req.worker)
         return adopted
 
     def check_ready(self) -> None:

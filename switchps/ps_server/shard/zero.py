@@ -26,7 +26,7 @@ from switchps.ps_server.core.actions import (Action, Apply, Count, Executor, Fre
                                              SetOptimizer)
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.rejections import refuse
-from switchps.ps_server.rpc.admission import Header, Served
+from switchps.ps_server.rpc.admission import Header, Served, layout_differs
 from switchps.ps_server.shard.action_wire import to_wire
 from switchps.ps_server.shard.followers import INIT_STEP, Key, Leader, part_key
 from switchps.refusals import Rejected, precondition
@@ -64,8 +64,7 @@ class ShardZero:
         model = self.model_layout or req.layout
         if req.layout.digest != model.digest or \
                 (held is not None and part_layout(model, partition, 0).digest != held.digest):
-            raise precondition("layout", f"worker {req.worker}: its model layout differs from the PS's "
-                                         "(same model config on every worker?)")
+            raise layout_differs(req.worker)
         if not all(partition.sizes()):
             raise precondition("partition", f"the model has fewer pieces than the {shards} shards (sizes "
                                             f"{partition.sizes()}): lower runtime.shard_max_mb or list fewer shards")
@@ -88,7 +87,7 @@ class ShardZero:
 
     async def accepted(self, h: Header) -> float:
         """Every follower's verdict on its part (awaited holding the worker's slot, so a worker that sends
-        shard 0 pushes without parts holds at most ``model.EACH`` of them here): the sum of their parts'
+        shard 0 pushes without parts holds at most ``receiving.EACH`` of them here): the sum of their parts'
         squared norms, which the service adds to part 0's to bound the whole push's."""
         return await self.leader.verdict(_key(h))
 
