@@ -58,7 +58,7 @@ def gradient_cpu_ms(dim: int, steps: int) -> float:
     import keras
     import tensorflow as tf
 
-    from switchps.worker.setup import configure_threads
+    from switchps.workload.tensorflow.setup import configure_threads
 
     configure_threads(1, 1)
     model = keras.Sequential([keras.Input((dim,)), keras.layers.Dense(CLASSES)])

@@ -60,8 +60,8 @@ def worker_step(dim: int, steps: int) -> dict:
     import keras
 
     from switchps.protos.heap import tune_allocator
-    from switchps.worker.gradients import GradientComputer
-    from switchps.worker.setup import configure_threads
+    from switchps.workload.tensorflow.gradients import GradientComputer
+    from switchps.workload.tensorflow.setup import configure_threads
 
     configure_threads(1, 1)  # as a worker runs
     tune_allocator()  # as a worker's client does

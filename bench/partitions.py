@@ -24,10 +24,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from switchps.jsonfile import dumps  # noqa: E402
-from switchps.worker.data import load_dataset  # noqa: E402
-from switchps.worker.gradients import GradientComputer  # noqa: E402
-from switchps.worker.setup import configure_threads  # noqa: E402
-from switchps.worker.models import build_model  # noqa: E402
+from switchps.workload.data import load_dataset  # noqa: E402
+from switchps.workload.tensorflow.gradients import GradientComputer  # noqa: E402
+from switchps.workload.tensorflow.setup import configure_threads  # noqa: E402
+from switchps.workload.tensorflow.models import build_model  # noqa: E402
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 WARMUP_CALLS = 2

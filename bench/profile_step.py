@@ -47,7 +47,7 @@ Rule = tuple[str, str, tuple[str, ...]]
 """(bucket, part of a file path, function names or ``Class.`` prefixes): a frame matches if both do (no
 names: any function). A stack goes to the first rule any of its frames matches: order is priority."""
 WORKER_RULES: list[Rule] = [
-    ("compute: TF gradient and its copy out", "worker/gradients.py", ("GradientComputer.compute",
+    ("compute: TF gradient and its copy out", "workload/tensorflow/gradients.py", ("GradientComputer.compute",
                                                                       "GradientComputer.finish")),
     ("compute: sample indices and slice the batch", "worker/steps.py", ("StepRunner._compute", "Sampler.take")),
     (CALL, "grpc/", ()),

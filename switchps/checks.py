@@ -2,7 +2,7 @@
 data a config names would work, asked of the code that builds them.
 
 This module sits above the config and the roles (it imports the PS's optimizers and schedules, the
-worker's models and data, the policies), so that ``switchps.config.run`` imports none of them. Commands pass
+frameworks' models, the data, the policies), so that ``switchps.config.run`` imports none of them. Commands pass
 ``PREFLIGHT`` to ``load_config``/``parse_config``; each check returns ``(sub-path, message)`` problems
 for the section validating, so they join the one report of the whole file. TensorFlow is never imported
 here: zoo models are checked by signature, and a ``module:function`` model is imported only for roles
@@ -18,8 +18,9 @@ from switchps.problems import Problem, did_you_mean, kwargs_problems, under
 from switchps.ps_server.optimizers import OPTIMIZERS, make_optimizer
 from switchps.ps_server.schedules import make_schedule
 from switchps.config.schema import Role
-from switchps.worker.data import DataNotFoundError, locate_files
-from switchps.worker.models import check_model
+from switchps.workload.data import DataNotFoundError, locate_files
+from switchps.workload.tensorflow.models import check_model
+from switchps.workload.torch.models import check_model as check_torch_model
 
 LOADS_DATA: tuple[Role, ...] = ("run", "worker", "evaluator", "simulate")
 
@@ -56,9 +57,11 @@ class Preflight:
             return [("", str(e))]
         return []
 
-    def model(self, name: str, kwargs: dict[str, Any], role: Role | None) -> list[Problem]:
-        """A zoo model by signature; a ``module:function`` imported (found only, for the TF-free PS)."""
-        return check_model(name, kwargs, "none" if role is None else "find" if role == "ps" else "import")
+    def model(self, framework: str, name: str, kwargs: dict[str, Any], role: Role | None) -> list[Problem]:
+        """A zoo model by signature; a ``module:function`` imported (found only, for the PS, which loads no
+        framework)."""
+        check = check_torch_model if framework == "torch" else check_model
+        return check(name, kwargs, "none" if role is None else "find" if role == "ps" else "import")
 
     def data(self, name: str, path: str | None, role: Role | None) -> list[Problem]:
         """The dataset's files, for the roles that will load them."""

@@ -102,7 +102,7 @@ def test_profile_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
     p = importlib.import_module("profile_step")
     compute = [W, "StepRunner._compute (switchps/worker/steps.py:147)",
-               "GradientComputer.compute (switchps/worker/gradients.py:94)", "quick_execute (tensorflow/x.py:53)"]
+               "GradientComputer.compute (switchps/workload/tensorflow/gradients.py:94)", "quick_execute (tensorflow/x.py:53)"]
     assert p.classify(compute, p.WORKER_RULES).startswith("compute: TF")
     assert p.classify(compute[:2], p.WORKER_RULES).startswith("compute: sample")
     call = [W, "PSClient.push (switchps/worker/client.py:141)", "_blocking (grpc/_channel.py:1152)"]
@@ -131,7 +131,7 @@ def test_profile_reads_py_spy_raw(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     got = p.read_raw(raw)
     assert got == {(101, "MainThread"): [(["a (x.py:1)", "b (y.py:2)"], 3)],
                    (102, "switchps-grpc"): [(["c (z.py:3)"], 1)]}
-    assert p.shares(got[101, "MainThread"] + [(["GradientComputer.compute (switchps/worker/gradients.py:9)"], 1)],
+    assert p.shares(got[101, "MainThread"] + [(["GradientComputer.compute (switchps/workload/tensorflow/gradients.py:9)"], 1)],
                     p.WORKER_RULES) == {p.OTHER: 0.75, "compute: TF gradient and its copy out": 0.25}
 
 

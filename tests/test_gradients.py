@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from switchps.worker.data import load_dataset
-from switchps.worker.gradients import GradientComputer
-from switchps.worker.models import build_model
+from switchps.workload.data import load_dataset
+from switchps.workload.tensorflow.gradients import GradientComputer
+from switchps.workload.tensorflow.models import build_model
 
 ALL = np.arange(64)  # the rows a computer is given (40 or 64 of them)
 
@@ -168,7 +168,7 @@ def test_a_one_call_step_advances_the_models_other_state():
 
 
 def test_an_aligned_vector_enters_tf_in_place_and_any_other_as_a_copy():
-    from switchps.worker.gradients import _tensor
+    from switchps.workload.tensorflow.gradients import _tensor
 
     gc, _, _ = _computer()
     aligned = gc.buffer()
@@ -196,7 +196,7 @@ def test_a_step_writes_its_payload_where_it_is_sent_from():
 
 def test_limiting_tfs_threads_after_tf_ran_leaves_them_as_they_are():
     """The simulator prepares TF in-process: a session (or a test) that already ran TF must not break it."""
-    from switchps.worker.setup import configure_threads
+    from switchps.workload.tensorflow.setup import configure_threads
 
     tf.constant(1.0) + 1.0  # TF has run
     before = tf.config.threading.get_intra_op_parallelism_threads()

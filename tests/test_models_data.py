@@ -22,8 +22,8 @@ except RuntimeError:
 
 import keras
 
-from switchps.worker.data import DATASETS, Dataset, DataNotFoundError, load_dataset
-from switchps.worker.models import MODELS, build_model
+from switchps.workload.data import DATASETS, Dataset, DataNotFoundError, load_dataset
+from switchps.workload.tensorflow.models import MODELS, build_model
 
 
 def _logits(model: keras.Model, input_shape: tuple[int, ...], batch: int = 3) -> np.ndarray:
@@ -96,7 +96,7 @@ def test_same_seed_same_weights_across_processes(tmp_path):
     out = tmp_path / "w.npz"
     code = textwrap.dedent(f"""
         import numpy as np, keras
-        from switchps.worker.models import build_model
+        from switchps.workload.tensorflow.models import build_model
         m = build_model("mlp", (64,), 10, seed=3, hidden=[32])
         np.savez({str(out)!r}, **{{v.path.replace("/", "|"): v.numpy() for v in m.weights}})
     """)

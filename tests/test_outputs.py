@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from switchps.worker.data import load_dataset
+from switchps.workload.data import load_dataset
 
 from test_launch import SWITCHPS, check_run_dir, rows
 

@@ -255,16 +255,14 @@ def test_plot_compare_and_status_read_a_simulated_run(trained: tuple[Path, dict[
 
 
 def test_a_rounds_gradient_is_the_sum_of_its_workers_gradients() -> None:
-    from switchps.sim.gradients import Real
+    from switchps.sim.gradients import real_learner
     from switchps.sim.workers import SimWorker
     from switchps.ps_server.core.events import WorkOrder
-    from switchps.worker.setup import prepare
 
     cfg = config(model={"name": "mlp", "kwargs": {"hidden": [16]}}, protocol={"batch": 24, "micro_batch": 8})
-    data, model = prepare(cfg)
-    real = Real(data, model)
+    real = real_learner(cfg)
     order = WorkOrder("bsp", 0, 24, None, 8, False)
-    works = [SimWorker(cfg, i, np.arange(len(data.x_train))).begin(order, 0.0) for i in range(3)]
+    works = [SimWorker(cfg, i, np.arange(real.gc.samples)).begin(order, 0.0) for i in range(3)]
     for w in works:
         real.started(w)
     losses = [real.loss(w) for w in works]

@@ -81,7 +81,8 @@ class OutputSpec(Section):
 
 class RuntimeSpec(Section):
     intra_op_threads: int = Field(1, ge=1, le=MAX_THREADS)
-    """TensorFlow threads per process, at most 256 (as is inter_op_threads)."""
+    """The framework's threads per process (TensorFlow's intra-op pool, torch's `set_num_threads`), at most
+    256 (as is inter_op_threads)."""
     inter_op_threads: int = Field(1, ge=1, le=MAX_THREADS)
     chunk_mb: float = Field(2.0, gt=0, le=32)
     """Size of raw tensor frames on the wire (a push of at most 4 MiB, or a chunk, goes as one message)."""
@@ -101,6 +102,9 @@ class RuntimeSpec(Section):
     """Several PS shards: a variable larger than this is cut into row blocks spread over the shards
     (BytePS's piece size); the partition is the same on every role."""
     cpu: CpuBindingSpec = Field(default_factory=CpuBindingSpec)
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")
+    """Where torch workers compute: auto (worker i on GPU i mod the GPUs there are, else the CPU), cpu,
+    cuda (the first GPU) or cuda:K. TensorFlow roles run on the CPU."""
 
     @property
     def chunk_bytes(self) -> int:

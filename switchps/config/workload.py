@@ -12,15 +12,22 @@ from switchps.problems import Problems
 
 
 class ModelSpec(Section):
+    framework: Literal["tensorflow", "torch"] = "tensorflow"
+    """Which framework the workers, the evaluator and the simulator compute with (Keras models, or PyTorch
+    `nn.Module`s); the PS is the same for both."""
     name: str = "mlp"
-    """A zoo name (logreg, mlp, cnn, resnet20, resnet32) or an import path `module:function`
-    (a module in the working directory is found without PYTHONPATH)."""
+    """A zoo name (logreg, mlp, cnn, resnet20, resnet32; torch also resnet18, CIFAR stem) or an import
+    path `module:function` returning the framework's model (a module in the working directory is found
+    without PYTHONPATH)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Passed to the builder; checked against its signature."""
+    state_dict: str | None = None
+    """torch: a `state_dict` file (`torch.save`, or `.safetensors`) loaded into the built model, strictly,
+    before the first push: training starts from it (fine-tuning)."""
 
     @model_validator(mode="after")
     def _builds(self, info: ValidationInfo) -> "ModelSpec":
-        if (checks := checks_of(info)) and (problems := checks.model(self.name, self.kwargs, role_of(info))):
+        if (checks := checks_of(info)) and (problems := checks.model(self.framework, self.name, self.kwargs, role_of(info))):
             raise Problems(problems)
         return self
 

@@ -47,7 +47,7 @@ M = TypeVar("M", bound=Message)
 
 def aligned_empty(size: int) -> np.ndarray:
     """An uninitialized float32 vector of ``size`` starting on an ``ALIGN``-byte boundary (NumPy's own
-    start on 16): TF takes such a vector as a tensor without copying it (``worker/gradients``)."""
+    start on 16): TF takes such a vector as a tensor without copying it (``workload/tensorflow/gradients``)."""
     raw = np.empty(4 * size + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start : start + 4 * size].view(np.float32)

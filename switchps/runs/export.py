@@ -1,7 +1,7 @@
-"""`switchps export`: a Keras model from any checkpoint of a run, loadable without switchps.
+"""`switchps export`: the run's model (Keras or PyTorch) from any checkpoint of a run, loadable without switchps.
 
 A command, not worker code: it joins the PS's checkpoint file (``ps_server.checkpoint``) and the
-worker's model (``worker.setup``), so it sits above both."""
+worker's model (``workload``), so it sits above both."""
 
 from __future__ import annotations
 
@@ -16,14 +16,13 @@ from switchps.errors import RunDirError
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
 from switchps.ps_server.shard.checkpoint import whole_model
-from switchps.worker.setup import prepare
-from switchps.worker.weights import FlatWeights, save_keras
+from switchps.workload.frameworks import framework
 
 log = logging.getLogger("switchps.runs.export")
 
 
 def export(run_dir: Path, version: int | None = None, out: Path | None = None) -> Path:
-    """Write the model of ``run_dir``'s checkpoint of ``version`` (default: the latest) as a .keras file."""
+    """Write the model of ``run_dir``'s checkpoint of ``version`` (default: the latest) as the framework's model file."""
     if not (run_dir / "config.yaml").is_file():
         raise RunDirError(f"{run_dir} is not a run directory (no config.yaml)")
     ckpt = checkpoint.latest(run_dir / "checkpoints", version)
@@ -32,10 +31,11 @@ def export(run_dir: Path, version: int | None = None, out: Path | None = None) -
         kept = ", ".join(str(int(p.stem[1:])) for p in checkpoint.files(run_dir / "checkpoints")) or "none"
         raise RunDirError(f"{run_dir}: no readable checkpoint{which} (versions kept: {kept})")
     cfg = load_config(run_dir / "config.yaml", checks=PREFLIGHT)
-    _, model = prepare(cfg)
-    weights = FlatWeights(model)
+    fw = framework(cfg.model.framework)
+    _, model = fw.prepare(cfg)
+    weights = fw.weights(model)
     weights.assign(_values(ckpt, run_dir, weights.layout(), cfg.runtime.shard_max_bytes))
-    path = save_keras(model, out or run_dir / f"model-v{ckpt.version}.keras")
+    path = fw.save(model, out or run_dir / f"model-v{ckpt.version}{fw.model_suffix}")
     log.info("exported version %d of %s to %s", ckpt.version, run_dir, path)
     return path
 

@@ -1,5 +1,5 @@
-"""Real losses and gradients for simulated steps, with the worker's own ``GradientComputer``, lazily and
-batched by base version (this module imports TensorFlow; a time-only run never imports it).
+"""Real losses and gradients for simulated steps, with the worker's own gradient computer (either
+framework's, ``workload.frameworks``), lazily and batched by base version (a time-only run never builds one).
 
 A step only draws its sample rows; its worth is computed when it is needed, at the parameters of the
 version it started on, which are kept until no step refers to them:
@@ -21,14 +21,22 @@ import math
 from collections import Counter, defaultdict
 from itertools import groupby
 
-import keras
+from typing import Callable
+
 import numpy as np
 
 from switchps.sim.learner import Score
 from switchps.sim.workers import Work
-from switchps.worker.data import Dataset
-from switchps.worker.evaluator import Evaluator
-from switchps.worker.gradients import GradientComputer
+from switchps.workload.data import Dataset
+from switchps.config.run import RunConfig
+from switchps.workload.frameworks import Computer, framework
+
+def real_learner(cfg: RunConfig) -> Real:
+    """The run's model, built by its framework, over the whole training set."""
+    fw = framework(cfg.model.framework)
+    data, model = fw.prepare(cfg)
+    return Real(fw.computer(cfg, model, data.x_train, data.y_train), fw.scorer(model, data), data)
+
 
 CALL_BYTES = 64 * 2**20
 """Input bytes per batched call: larger groups are computed in several (the same sums)."""
@@ -37,18 +45,18 @@ CALL_BYTES = 64 * 2**20
 class Real:
     """The model's parameters per referenced version, and the steps' losses and gradients at them."""
 
-    def __init__(self, data: Dataset, model: keras.Model) -> None:
-        self.gc = GradientComputer(model, data.x_train, data.y_train)
+    def __init__(self, gc: Computer, evaluator: Callable[[], tuple[float, float]], data: Dataset) -> None:
+        self.gc = gc  # over the whole training set
         self.values = self.gc.weights.read().copy()
         self.trainable = self.gc.weights.trainable_size
-        self.evaluator = Evaluator(model, data)
+        self.evaluator = evaluator
         self.rows_per_call = max(1, CALL_BYTES // (4 * math.prod(data.input_shape)))
         self.latest = 0
         self.params: dict[int, np.ndarray] = {0: self.values.copy()}
         self.refs: Counter[int] = Counter()
         self.unscored: dict[int, list[Work]] = defaultdict(list)
         self._loaded: int | None = None  # the version in the model, if no call has changed it since
-        self._stateless = not self.gc.weights.state  # a training call changes no variable but the ones we set
+        self._stateless = self.gc.weights.size == self.trainable  # a training call changes no variable but the ones we set
 
     def sent(self, version: int) -> None:
         self.refs[version] += 1

@@ -33,7 +33,7 @@ from switchps.sim.driver import Drive, Simulator
 from switchps.sim.learner import Learner, TimeOnly
 from switchps.sim.loop import Loop
 from switchps.sim.workers import SimWorker
-from switchps.worker.data import configured_dataset
+from switchps.workload.data import configured_dataset
 
 EVENTS_PER_TURN = 2000
 """Events between two looks at the progress bar and the record's buffers."""
@@ -98,11 +98,10 @@ def _learner(cfg: RunConfig, time_only: bool) -> tuple[Learner, int]:
     """The model's side of the simulation, and the number of training samples."""
     if time_only:
         return TimeOnly(), len(configured_dataset(cfg).x_train)
-    from switchps.sim.gradients import Real
-    from switchps.worker.setup import prepare
+    from switchps.sim.gradients import real_learner
 
-    data, model = prepare(cfg)
-    return Real(data, model), len(data.x_train)
+    learner = real_learner(cfg)
+    return learner, learner.gc.samples
 
 
 def _drive(cfg: RunConfig, sim: Simulator, quiet: bool) -> None:
@@ -129,7 +128,7 @@ def _summary(cfg: RunConfig, sim: Simulator, wall_s: float, time_only: bool, int
     core, now = sim.core, sim.loop.now
     return {**run_summary(cfg, core, sim.rec, now, final=sim.final, link=sim.parts.link, told_stop=sim.told_stop,
                           checkpoints=None),
-            "framework": None if time_only else "tensorflow", "device": "simulated",
+            "framework": None if time_only else cfg.model.framework, "device": "simulated",
             "ps_shards": 1, "hosts": None,  # one PS on a virtual clock, whatever cluster.ps lists; no role runs
             "simulated": True, "time_only": time_only,
             "virtual_time_s": round(elapsed(core, now), 6),

@@ -16,7 +16,7 @@ from switchps.config.run import RunConfig
 from switchps.ps_server.core.events import StepReport, WorkOrder
 from switchps.sim.loop import WorkerClock
 from switchps.straggler_trace import StepDelays
-from switchps.worker.data import share, share_size
+from switchps.workload.data import share, share_size
 from switchps.worker.steps import StepRunner, make_sampler
 from switchps.worker.stragglers import StragglerInjector
 

@@ -1,6 +1,7 @@
 """The worker process.
 
-A worker builds its model and traces every TF function, then registers
+A worker builds its model with the run's framework and warms its gradient computer up (every TF function
+traced, every torch kernel run), then registers
 (ready), pulls, and loops: take the sample budget from its data partition, compute
 Σ gradients over micro-batches, push them with the sample count and the
 model's state, and obey the work order in the reply (which also carries the
@@ -18,10 +19,9 @@ from switchps.config.run import RunConfig
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.worker.client import Reconnect
-from switchps.worker.gradients import GradientComputer
-from switchps.worker.setup import prepare
 from switchps.worker.sharded import connect
-from switchps.worker.data import share, share_size
+from switchps.workload.data import share, share_size
+from switchps.workload.frameworks import Computer, framework
 from switchps.worker.steps import RealClock, Step, StepRunner, make_sampler
 from switchps.worker.stragglers import StragglerInjector
 
@@ -47,7 +47,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     retry = Reconnect(client.address, cfg.cluster.reconnect_s, rejoin=lambda: join(wait=False))
     retry(join)  # a sharded PS answers UNAVAILABLE until its shards have attached
     session = secrets.randbits(31)
-    params = gc.buffer()  # TF reads the values a reply leaves here in place (as it does a segment's)
+    params = gc.buffer()  # the framework reads the values a reply leaves here in place (as a segment's)
     reply = retry(lambda: client.pull(params, worker=index, wait_initialized=True))
     clock = RealClock()
     received_at = started = clock.now()
@@ -81,12 +81,13 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     return step
 
 
-def _computer(cfg: RunConfig, index: int) -> tuple[GradientComputer, int]:
+def _computer(cfg: RunConfig, index: int) -> tuple[Computer, int]:
     """The model, holding this worker's share of the training set as tensors (the host copy is not kept);
     and the training set's size."""
-    data, model = prepare(cfg)
+    fw = framework(cfg.model.framework)
+    data, model = fw.prepare(cfg, index)
     rows = share(len(data.x_train), index, cfg.cluster.num_workers, cfg.data.sampling)
-    return GradientComputer(model, data.x_train[rows], data.y_train[rows]), len(data.x_train)
+    return fw.computer(cfg, model, data.x_train[rows], data.y_train[rows]), len(data.x_train)
 
 
 def _warn_once(warned: set[str], index: int, s: Step, order: pb.WorkOrder, stragglers: StragglerInjector) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from switchps.protos.codec import ALIGN, aligned_empty
-from switchps.worker.weights import FlatWeights
+from switchps.workload.tensorflow.weights import FlatWeights
 
 
 class GradientComputer:

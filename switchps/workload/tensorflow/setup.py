@@ -6,8 +6,8 @@ import keras
 import tensorflow as tf
 
 from switchps.config.run import RunConfig
-from switchps.worker.data import Dataset, configured_dataset
-from switchps.worker.models import build_model
+from switchps.workload.data import Dataset, configured_dataset
+from switchps.workload.tensorflow.models import build_model
 
 
 def configure_threads(intra_op: int, inter_op: int) -> None:

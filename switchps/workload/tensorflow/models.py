@@ -15,10 +15,10 @@ TensorFlow (the PS, the launcher).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable
 
-from switchps.imports import find_module, load_object
-from switchps.problems import Problem, did_you_mean, kwargs_problems, under
+from switchps.problems import Problem
+from switchps.workload.builders import Load, check_builder, resolve
 
 if TYPE_CHECKING:
     import keras
@@ -130,46 +130,9 @@ MODELS: dict[str, Callable[..., keras.Model]] = {
 }
 
 
-def _unknown(name: str) -> str:
-    return (f"unknown model {name!r}{did_you_mean(name, MODELS)}; "
-            f"expected one of {', '.join(MODELS)} or 'package.module:function'")
-
-
-def _resolve(name: str) -> Callable[..., keras.Model]:
-    if name in MODELS:
-        return MODELS[name]
-    if ":" not in name:
-        raise ValueError(_unknown(name))
-    try:
-        fn = load_object(name)
-    except (ImportError, ValueError) as e:
-        raise ValueError(f"cannot import model function {name!r}: {e}") from e
-    if not callable(fn):
-        raise ValueError(f"model import path {name!r} is not callable")
-    return fn
-
-
-def check_model(name: str, kwargs: dict[str, Any], load: Literal["none", "find", "import"]) -> list[Problem]:
-    """Why ``build_model(name, ..., **kwargs)`` would fail, found without building (so without TF).
-
-    A zoo model's kwargs are bound to its signature. A ``module:function`` is
-    imported and checked the same way (``load="import"``), only found
-    (``"find"``: its code is not run) or taken on trust (``"none"``).
-    """
-    if name not in MODELS and ":" not in name:
-        return [("name", _unknown(name))]
-    if name in MODELS or load == "import":
-        try:
-            fn = _resolve(name)
-        except ValueError as e:
-            return [("name", str(e))]
-        return under("kwargs", kwargs_problems(fn, kwargs, {"input_shape": (1,), "num_classes": 2}))
-    if load == "find":
-        try:
-            find_module(name)
-        except (ImportError, ValueError) as e:
-            return [("name", f"cannot import model function {name!r}: {e}")]
-    return []
+def check_model(name: str, kwargs: dict[str, Any], load: Load) -> list[Problem]:
+    """Why ``build_model(name, ..., **kwargs)`` would fail, found without building (so without TF)."""
+    return check_builder(MODELS, name, kwargs, load)
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0, **kwargs) -> keras.Model:
@@ -178,7 +141,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     Seeds Python, NumPy, TF and Keras globally (``keras.utils.set_random_seed``)
     so that import-path models are deterministic too.
     """
-    fn = _resolve(name)
+    fn = resolve(MODELS, name)
     import keras
 
     input_shape = tuple(int(d) for d in input_shape)

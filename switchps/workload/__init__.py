@@ -1,0 +1,1 @@
+"""What is trained: the datasets, and each framework's models, gradients, scoring and model files."""

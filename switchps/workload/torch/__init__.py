@@ -1,0 +1,1 @@
+"""The PyTorch framework: its model zoo, flat parameters, gradient computer, scoring and model files."""
