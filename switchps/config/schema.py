@@ -10,14 +10,11 @@ while pydantic validates, so its problems join the one report of the whole file 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo
 
 from switchps.problems import Problem, did_you_mean
-
-if TYPE_CHECKING:
-    from switchps.config.run import RunConfig
 
 
 class Section(BaseModel):
@@ -60,8 +57,9 @@ class Checks(Protocol):
 
     def policy(self, name: str, kwargs: dict[str, Any]) -> list[Problem]: ...
 
-    def workload(self, cfg: RunConfig, role: Role | None) -> list[Problem]:
-        """What only the model built on the data can tell (and the host's devices); paths from the top."""
+    def workload(self, cfg: Any, role: Role | None) -> list[Problem]:
+        """What only the model built on the data can tell of the whole ``RunConfig`` ``cfg`` (above this
+        module), and the host's devices; the paths from its top."""
 
 
 def role_of(info: ValidationInfo) -> Role | None:
