@@ -37,12 +37,13 @@ def rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def check_run_dir(run_dir: Path) -> dict:
+def check_run_dir(run_dir: Path, framework: str = "tensorflow", model: str = "model.keras") -> dict:
+    """What every local run leaves, its workers computing with ``framework``, its final model ``model``."""
     for name in ("config.yaml", "ps.csv", "workers.csv", "eval.csv", "events.jsonl", "summary.json"):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
-    assert (summary["framework"], summary["hosts"]) == ("tensorflow", 1), "every role of a local run is on this host"
+    assert (summary["framework"], summary["hosts"]) == (framework, 1), "every role of a local run is on this host"
     assert len(rows(run_dir / "ps.csv")) == summary["updates"] > 0
     assert summary["final_version"] == summary["updates"], "the final accuracy is of the last version"
     evals = rows(run_dir / "eval.csv")
@@ -50,7 +51,7 @@ def check_run_dir(run_dir: Path) -> dict:
     assert float(evals[-1]["test_accuracy"]) == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
     logged = (run_dir / "logs" / "evaluator.log").read_text()
     assert all(f"evaluator: version {e['version']}, " in logged for e in evals), "each evaluation is logged"
-    assert (run_dir / "model.keras").stat().st_size > 0
+    assert (run_dir / model).stat().st_size > 0
     assert rows(run_dir / "workers.csv")
     events = [json.loads(x)["event"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert "training_started" in events and "training_finished" in events

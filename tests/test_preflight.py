@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -17,11 +19,13 @@ from cryptography import x509
 
 import switchps.launch.launcher
 from switchps.security.certs import CLIENT_NAME, CLIENT_SAN, Issued, issue, make_ca
+from switchps.checks import BUILDS, PREFLIGHT
 from switchps.cli import main
-from switchps.config.run import RunConfig
+from switchps.config.run import ConfigError, RunConfig, parse_config
+from switchps.config.schema import Role
 from switchps.ps_server.resume_rules import ALLOWED, REFUSED
 
-from test_config_errors import PREFIX, _check
+from test_config_errors import PREFIX, USER_MODELS, _check
 from test_launch import SWITCHPS
 from test_resume import pushed_to_version_5
 
@@ -202,3 +206,128 @@ def test_every_config_field_is_either_allowed_or_refused_on_resume():
     for path in _fields(RunConfig().model_dump(mode="json")):
         rules = [r for r in [*REFUSED, *ALLOWED] if path == r or path.startswith(r + ".")]
         assert len(rules) == 1, (path, rules)
+
+
+TORCH_MODELS = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+
+    def tiny(input_shape, num_classes, width=8):
+        return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], width), nn.ReLU(), nn.Linear(width, num_classes))
+
+
+    def no_module(input_shape, num_classes):
+        return {"weight": torch.zeros(num_classes)}
+
+
+    class Counted(nn.Module):
+        def __init__(self, input_shape, num_classes):
+            super().__init__()
+            self.fc = nn.Linear(input_shape[0], num_classes)
+            self.seen = nn.Parameter(torch.zeros(1, dtype=torch.int64), requires_grad=False)
+
+        def forward(self, x):
+            return self.fc(x)
+""")
+
+
+@pytest.fixture
+def torch_dir(tmp_path, monkeypatch):
+    """A working directory holding users' models, torch and Keras (``test_config_errors.USER_MODELS``)."""
+    (tmp_path / "torch_models.py").write_text(TORCH_MODELS)
+    (tmp_path / "my_models.py").write_text(USER_MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    return tmp_path
+
+
+def _torch_problems(model: dict[str, Any], role: Role = "worker", **sections: Any) -> list[str]:
+    """What the preflight says of a torch run of ``model`` on digits for ``role`` (no line: [])."""
+    raw = {"model": {"framework": "torch", **model}, "security": {"insecure": True}, **sections}
+    try:
+        parse_config(raw, role=role, checks=PREFLIGHT)
+    except ConfigError as e:
+        return e.problems
+    return []
+
+
+def test_a_torch_builder_must_return_a_float_module(torch_dir):
+    assert _torch_problems({"name": "torch_models:tiny", "kwargs": {"width": 4}}) == []
+    assert _torch_problems({"name": "torch_models:no_module"}) == [
+        "model.name: model 'torch_models:no_module' returned dict, not a torch.nn.Module"]
+    assert _torch_problems({"name": "my_models:tiny"}) == [
+        "model.name: model 'my_models:tiny' returned a Keras model (Functional), not a torch.nn.Module: "
+        "set model.framework: tensorflow"]
+    assert _torch_problems({"name": "torch_models:Counted"}) == [
+        "model.name: model 'torch_models:Counted' has parameters that are not floating point: seen (torch.int64); "
+        "switchps trains float32 parameters (keep integers in buffers)"]
+
+
+def test_a_torch_state_dict_must_exist_and_fit_the_model_strictly(torch_dir):
+    import torch
+    from torch import nn
+
+    from switchps.workload.torch.files import save
+    from switchps.workload.torch.models import build_model
+
+    model = build_model("mlp", (64,), 10, hidden=[16])
+    save(model, torch_dir / "fits.pt")
+    save(build_model("mlp", (64,), 10, hidden=[8]), torch_dir / "narrow.pt")
+    torch.save({k: v for k, v in model.state_dict().items() if not k.endswith("bias")}, torch_dir / "partial.pt")
+    mlp = {"name": "mlp", "kwargs": {"hidden": [16]}}
+    assert _torch_problems({**mlp, "state_dict": "fits.pt"}) == []
+    assert _torch_problems({**mlp, "state_dict": "fits.safetensors"}) == []
+    assert _torch_problems({**mlp, "state_dict": "nowhere.pt"}) == ["model.state_dict: nowhere.pt: file not found"]
+    (narrow,) = _torch_problems({**mlp, "state_dict": "narrow.pt"})
+    assert narrow.startswith("model.state_dict: narrow.pt does not fit the model: ") and "size mismatch" in narrow
+    (partial,) = _torch_problems({**mlp, "state_dict": "partial.pt"})
+    assert partial.startswith("model.state_dict: partial.pt does not fit the model: ") and "Missing key" in partial
+    assert isinstance(model, nn.Module) and _torch_problems({**mlp, "state_dict": "nowhere.pt"}, role="ps") == []
+
+
+@pytest.mark.parametrize("gpus, device, expected", [
+    (0, "cuda", "runtime.device: cuda: torch {v} sees no GPU on this host; use auto or cpu"),
+    (2, "cuda:2", "runtime.device: cuda:2: torch {v} sees 2 GPUs (cuda:0 to cuda:1) on this host; use auto or cpu"),
+    (1, "cuda:1", "runtime.device: cuda:1: torch {v} sees 1 GPU (cuda:0) on this host; use auto or cpu"),
+    (1, "cuda:0", None), (0, "auto", None), (0, "cpu", None)])
+def test_a_torch_device_must_be_a_gpu_this_host_has(monkeypatch, gpus, device, expected):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    for role in BUILDS:
+        assert _torch_problems({}, role, runtime={"device": device}) == ([expected.format(v=torch.__version__)]
+                                                                        if expected else []), role
+    assert _torch_problems({}, "ps", runtime={"device": device}) == [], "the PS computes nothing"
+
+
+def test_tensorflow_takes_no_state_dict_nor_gpu():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"model": {"state_dict": "m.pt"}, "runtime": {"device": "cuda:0"}}, role="run", checks=PREFLIGHT)
+    assert err.value.problems == [
+        "model.state_dict: is for model.framework torch; a TensorFlow model starts from its seed"]
+    with pytest.raises(ConfigError) as err:
+        parse_config({"runtime": {"device": "cuda:0"}}, role="run", checks=PREFLIGHT)
+    assert err.value.problems == [
+        "runtime.device: cuda:0 is for model.framework torch; TensorFlow roles run on the CPU (auto or cpu)"]
+
+
+def test_switchps_ps_imports_neither_torch_nor_tensorflow_for_a_torch_run(tmp_path):
+    """The PS command's path up to its server (the preflight of a torch config whose model, file and device
+    only the workers would check, then the PS's module), stopped by a bad --shard: exit 2, no framework."""
+    (tmp_path / "cfg.yaml").write_text("model: {framework: torch, name: 'torch_models:tiny', state_dict: none.pt}\n"
+                                       "runtime: {device: 'cuda:7'}\nsecurity: {insecure: true}\n")
+    (tmp_path / "torch_models.py").write_text(TORCH_MODELS)
+    code = ("import sys; from switchps.cli import main; code = main(['ps', 'cfg.yaml', '--shard', '9']); "
+            "print(code, sorted(m for m in ('torch', 'tensorflow', 'keras') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.stdout.splitlines() == ["2 []"], out.stderr[-2000:]
+    assert out.stderr.strip() == f"{PREFIX}ps: --shard 9 outside [0, 1) (cluster.ps lists 1 shards)"
+
+
+def test_a_torch_run_on_a_missing_gpu_exits_2_before_any_process(tmp_path):
+    (tmp_path / "cfg.yaml").write_text("model: {framework: torch}\nruntime: {device: 'cuda:99'}\n")
+    proc = _cli("run", "cfg.yaml", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    _check(proc.stderr, [("runtime.device: cuda:99: torch ", " on this host; use auto or cpu")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.yaml"], "no run directory"

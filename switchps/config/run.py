@@ -34,7 +34,7 @@ from switchps.config.emulation import DeviceSpec, NetworkSpec
 from switchps.config.optimizer import OptimizerSpec
 from switchps.config.policy import PolicySpec, SwitchSpec
 from switchps.config.protocol import ProtocolSpec, Rounds, renamed, unflattened
-from switchps.config.schema import MAX_SEED, MAX_STEPS, MAX_THREADS, Checks, Role, Section, role_of
+from switchps.config.schema import MAX_SEED, MAX_STEPS, MAX_THREADS, Checks, Role, Section, checks_of, role_of
 from switchps.config.security import SecuritySpec
 from switchps.config.stragglers import StragglerSpec
 from switchps.config.workload import DataSpec, ModelSpec
@@ -104,7 +104,7 @@ class RuntimeSpec(Section):
     cpu: CpuBindingSpec = Field(default_factory=CpuBindingSpec)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")
     """Where torch workers compute: auto (worker i on GPU i mod the GPUs there are, else the CPU), cpu,
-    cuda (the first GPU) or cuda:K. TensorFlow roles run on the CPU."""
+    cuda (the first GPU) or cuda:K, a GPU the host has. TensorFlow roles run on the CPU (auto or cpu)."""
 
     @property
     def chunk_bytes(self) -> int:
@@ -142,6 +142,11 @@ class RunConfig(Section):
         problems = under("security", self.security.role_problems(role_of(info), ps_host))
         if isinstance(self.protocol, Rounds) and self.protocol.backup_workers >= n:
             problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
+        if self.model.framework == "tensorflow" and self.runtime.device.startswith("cuda"):
+            problems.append(("runtime.device", f"{self.runtime.device} is for model.framework torch; TensorFlow "
+                                               "roles run on the CPU (auto or cpu)"))
+        if not problems and (checks := checks_of(info)):
+            problems = checks.workload(self, role_of(info))
         if problems:
             raise Problems(problems)
         return self

@@ -57,6 +57,10 @@ class Checks(Protocol):
 
     def policy(self, name: str, kwargs: dict[str, Any]) -> list[Problem]: ...
 
+    def workload(self, cfg: Any, role: Role | None) -> list[Problem]:
+        """What only the model built on the data can tell of the whole ``RunConfig`` ``cfg`` (above this
+        module), and the host's devices; the paths from its top."""
+
 
 def role_of(info: ValidationInfo) -> Role | None:
     """The command a config is being validated for, if it said."""

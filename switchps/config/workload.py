@@ -27,6 +27,9 @@ class ModelSpec(Section):
 
     @model_validator(mode="after")
     def _builds(self, info: ValidationInfo) -> "ModelSpec":
+        if self.state_dict is not None and self.framework != "torch":
+            raise Problems([("state_dict", "is for model.framework torch; a TensorFlow model starts from "
+                                           "its seed")])
         if (checks := checks_of(info)) and (problems := checks.model(self.framework, self.name, self.kwargs, role_of(info))):
             raise Problems(problems)
         return self

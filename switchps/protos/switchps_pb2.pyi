@@ -41,16 +41,20 @@ class WorkOrder(_message.Message):
     def __init__(self, protocol: _Optional[str] = ..., version: _Optional[int] = ..., sample_budget: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., micro_batch: _Optional[int] = ..., stop: _Optional[bool] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker", "layout", "partition_size", "shard_partition")
+    __slots__ = ("worker", "layout", "partition_size", "shard_partition", "framework", "device")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PARTITION_SIZE_FIELD_NUMBER: _ClassVar[int]
     SHARD_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     worker: int
     layout: Layout
     partition_size: int
     shard_partition: str
-    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., partition_size: _Optional[int] = ..., shard_partition: _Optional[str] = ...) -> None: ...
+    framework: str
+    device: str
+    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., partition_size: _Optional[int] = ..., shard_partition: _Optional[str] = ..., framework: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("send_init", "order", "num_workers")

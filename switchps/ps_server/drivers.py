@@ -3,6 +3,7 @@ the run directory afresh (never over a run) or find it resumable, and sum the ru
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -74,12 +75,14 @@ class Score(Protocol):
 
 
 def run_summary(cfg: RunConfig, core: Core, rec: RunRecorder, now: float, *, final: Score | None,
-                link: DuplexLink | None, told_stop: set[int], checkpoints: dict[str, Any] | None) -> dict[str, Any]:
+                link: DuplexLink | None, told_stop: set[int], checkpoints: dict[str, Any] | None,
+                framework: str = "", devices: Iterable[str] = ()) -> dict[str, Any]:
     """What ``summary.json`` says of a run (with ``RunRecorder.close``'s counts), its times on the driver's
     clock at ``now``: ``wall_time_s`` is training's duration on that clock (virtual in a simulation).
-    What it ran on: ``ps_shards``, ``framework`` (the workers': TensorFlow, the tensorflow-cpu build
-    switchps installs) and ``device``, ``cpu`` or, with ``device.samples_per_s``, ``emulated`` (each step
-    takes at least the emulated device's time; ``emulated_device`` says its speed)."""
+    What it ran on: ``ps_shards``, ``framework`` (the workers', as they registered; else
+    ``model.framework``) and ``device``: ``cuda`` if a worker computed on a GPU (``devices``: where each
+    said it computes), else ``cpu``; with ``device.samples_per_s``, ``emulated`` (each step takes at least
+    the emulated device's time; ``emulated_device`` says its speed)."""
     wall = elapsed(core, now)
     target = cfg.eval.target_accuracy
     reached = [t for t, _, _, acc in rec.evals if target is not None and acc >= target]
@@ -88,8 +91,9 @@ def run_summary(cfg: RunConfig, core: Core, rec: RunRecorder, now: float, *, fin
         "protocol": cfg.protocol.name,
         "num_workers": cfg.cluster.num_workers,
         "ps_shards": len(cfg.cluster.shards),
-        "framework": "tensorflow",
-        "device": "emulated" if cfg.device.samples_per_s else "cpu",
+        "framework": framework or cfg.model.framework,
+        "device": "emulated" if cfg.device.samples_per_s else
+        "cuda" if any(d.startswith("cuda") for d in devices) else "cpu",
         "wall_time_s": round(wall, 3),
         "final_test_accuracy": final.test_accuracy if final else None,
         "final_test_loss": final.test_loss if final else None,

@@ -18,16 +18,26 @@ from __future__ import annotations
 
 import socket
 import struct
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from tensorboardX.crc32c import crc32c
-from tensorboardX.proto.event_pb2 import Event
-from tensorboardX.proto.summary_pb2 import Summary
-from tensorboardX.summary import text
-
 from switchps.names import PROTOCOLS
+
+_HIDE_TORCH = "torch" not in sys.modules
+"""tensorboardX's package imports PyTorch where it is installed (for its SummaryWriter, unused here): hidden
+while it loads, so that the PS loads no framework (a torch import costs a process seconds and memory)."""
+if _HIDE_TORCH:
+    sys.modules["torch"] = None  # type: ignore[assignment]  # ``import torch`` raises ImportError
+try:
+    from tensorboardX.crc32c import crc32c
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.summary import text
+finally:
+    if _HIDE_TORCH:
+        del sys.modules["torch"]
 
 PROTOCOL_INDEX = {name: i for i, name in enumerate(PROTOCOLS)}
 WORKER_TAGS = 64

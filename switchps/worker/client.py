@@ -127,10 +127,12 @@ class PSClient:
         self.channel.close()
 
     def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True,
-                 shard_partition: str = "") -> pb.RegisterReply:
-        """Register (again, after an outage: ``wait=False`` fails at once if the PS is still down)."""
+                 shard_partition: str = "", framework: str = "", device: str = "") -> pb.RegisterReply:
+        """Register (again, after an outage: ``wait=False`` fails at once if the PS is still down), saying
+        which framework computes, on which device (the PS refuses a second framework)."""
         return self._register(pb.RegisterRequest(worker=worker, layout=layout, partition_size=partition_size,
-                                                 shard_partition=shard_partition),
+                                                 shard_partition=shard_partition, framework=framework,
+                                                 device=device),
                               timeout=self.timeout_s, wait_for_ready=wait,
                               metadata=self._md)
 

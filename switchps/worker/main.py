@@ -38,7 +38,8 @@ def run_worker(cfg: RunConfig, index: int) -> int:
                      client_security(cfg, "worker", index))
 
     def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
-        if client.register(index, layout, share_size(n, index, workers), wait).send_init:  # the PS has no model yet
+        if client.register(index, layout, share_size(n, index, workers), wait, framework=cfg.model.framework,
+                           device=str(gc.device)).send_init:  # the PS has no model yet
             client.init(index, layout, gc.read())
         if cfg.runtime.shared_memory and client.attach(index, gc.size * 4):
             log.info("worker %d: pushes through shared memory (the PS is on this host)%s", index,

@@ -43,6 +43,8 @@ class Computer(Protocol):
 
     samples: int
     size: int
+    device: Any
+    """Where it computes; its ``str`` (cpu, cuda:K) is what the worker tells the PS at registration."""
     weights: Weights
     payload_to: np.ndarray | None
 

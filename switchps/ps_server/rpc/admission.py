@@ -30,6 +30,16 @@ def layout_differs(worker: int) -> Rejected:
                                   "(same model config on every worker?)")
 
 
+def same_framework(req: pb.RegisterRequest, held: str) -> str:
+    """The run's framework once ``req`` registers (``held``: the first registrant's, empty while unknown);
+    ``Rejected`` if ``req`` names another, whose model could only differ by its digest. An older client
+    names none: its layout's digest alone decides."""
+    if held and req.framework and req.framework != held:
+        raise precondition("framework", f"worker {req.worker} runs model.framework {req.framework}, the PS's "
+                                        f"workers {held}: one framework per run (the same on every worker)")
+    return held or req.framework
+
+
 class Served(Protocol):
     """What an admission's RPCs need of the service: its guard (set once it serves) and its refusals' count."""
 

@@ -89,7 +89,7 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
         ps.checkpointer.close(120)
     sampler.stop()
     summary = run_summary(cfg, ps.core, ps.rec, time.monotonic(), final=ps.final_eval, link=ps.link,
-                          told_stop=ps.told_stop,
+                          told_stop=ps.told_stop, framework=ps.framework, devices=ps.devices,
                           checkpoints=ps.checkpointer.stats.summary() if ps.checkpointer else None)
     return ps.rec.close({**summary, **resources.in_summary(run_dir / "resources.csv")})
 

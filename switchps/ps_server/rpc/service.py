@@ -42,7 +42,7 @@ from switchps.protos.orders import to_wire
 from switchps.protos.requests import decode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
-from switchps.ps_server.rpc.admission import Admission, Alone
+from switchps.ps_server.rpc.admission import Admission, Alone, same_framework
 from switchps.ps_server.rpc.attachments import Attachments, write_values
 from switchps.ps_server.rpc.executor import StoreExecutor
 from switchps.ps_server.checkpointer import Checkpointer
@@ -79,6 +79,8 @@ class ParameterServer:
         self.started, self.finished = threading.Event(), threading.Event()
         self.final_evaluated, self.all_told_stop = threading.Event(), threading.Event()
         self.layout: pb.Layout | None = None  # adopted from the first Register (or a checkpoint)
+        self.framework = ""  # the first registrant's model.framework (``same_framework``); empty: unknown
+        self.devices: set[str] = set()  # where the registered workers compute (cpu, cuda:K), as they said
         self._ids = itertools.count()
         self._held: dict[int, asyncio.Future[tuple[Release, Snapshot]]] = {}
         self._grads: dict[int, np.ndarray] = {}  # push id -> its gradient buffer, until the core joins or frees it
@@ -164,10 +166,13 @@ class ParameterServer:
             check_layout(req.layout, self.max_model_bytes)
             self.core.check_register(req.worker, req.partition_size)
             first = self.layout is None
+            framework = same_framework(req, self.framework)
             self.layout = self.admission.adopt(req, self.layout)
             actions = self.core.register(req.worker, req.partition_size, self.clock())
         except Rejected as r:
             await self._reject(ctx, "register", r)
+        self.framework = framework
+        self.devices.add(req.device or "cpu")
         self._execute(actions)
         order = _order(self.core.issue(req.worker, self.clock()))
         return pb.RegisterReply(send_init=first, order=order, num_workers=self.core.members.num_workers)

@@ -43,6 +43,8 @@ class GradientComputer:
     ``traces`` counts how often a function was traced: after ``warm_up`` it stays put.
     """
 
+    device = "cpu"  # the tensorflow-cpu build
+
     def __init__(self, model: keras.Model, x: np.ndarray, y: np.ndarray) -> None:
         self.model = model
         self.samples = len(x)
