@@ -107,10 +107,10 @@ class Batches:
         self.compute_s = 0.0
         while size := budget.next(clock.now()):
             batch = self._take(size)
+            budget.done += _length(batch)  # counted when handed out: a loop that breaks after it pushes it
             t0 = clock.now()
             yield batch
             self.compute_s += clock.now() - t0
-            budget.done += _length(batch)
 
     def _take(self, size: int) -> Any:
         """At most ``size`` samples: the held batch's first ones, or the loader's next batch's."""
