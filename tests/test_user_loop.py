@@ -135,7 +135,7 @@ def _order(budget: int, micro: int, time_budget_s: float = 0.0) -> pb.WorkOrder:
 
 def test_batches_cut_the_loaders_batches_to_the_budget_and_carry_the_rest_into_the_next_step() -> None:
     loader = [np.arange(i, min(i + 50, 120)) for i in range(0, 120, 50)]  # batches of 50, 50, 20
-    batches, clock, seen = Batches(loader), FakeClock(), []
+    batches, clock, seen = Batches(loader), FakeClock(), list[int]()
     for _ in range(6):
         budget = Budget.of(_order(32, 32), clock.now())
         step = list(batches.step(budget, clock))
@@ -182,6 +182,9 @@ class FakeSession:
     in_place: list[bool] = field(default_factory=list)
     """Whether each push's payload was the payload area itself."""
 
+    def pull(self, params: np.ndarray) -> Reply:
+        return Reply(pb.PullReply(order=self.order), fresh=True, values=-self.answer)
+
     def push(self, grad: np.ndarray, samples: int, params: np.ndarray, **stats: float) -> Reply:
         self.pushed.append((grad.copy(), samples, stats))
         self.in_place.append(grad is self.payload_area)
@@ -197,11 +200,12 @@ def test_a_step_pushes_the_gradient_sum_then_the_buffers_and_loads_the_reply() -
     session = FakeSession(np.arange(flat.size, dtype=np.float32))
     session.payload_area = np.zeros(flat.size, np.float32)
     ps = Worker(session, model, flat)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(flat.read(), -session.answer)  # it starts from the PS's values
     x, y = torch.randn(6, 3), torch.tensor([0, 1, 1, 0, 1, 0])
     data = torch.utils.data.TensorDataset(x, y)
     for xb, yb in ps.batches(torch.utils.data.DataLoader(data, batch_size=4)):  # 4 + 2, cut into 2 + 2 + 2
         ps.backward(F.cross_entropy(model(xb), yb, reduction="sum"))
-    expected = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    expected = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     state = [t.detach().clone() for t in flat.tensors[flat.count:]]
     ps.step()
     grad, samples, stats = session.pushed[0]

@@ -38,20 +38,26 @@ from switchps.config.run import ConfigError, load_config
 from switchps.worker.session import Batches, Session
 from switchps.worker.steps import Budget
 from switchps.workload.data import configured_dataset, share_size
-from switchps.workload.torch.weights import FlatParams, copy_all
+from switchps.workload.torch.weights import FlatParams, copy_all, host_tensor
 
 
 class Worker:
-    """One worker of a run, training ``model`` in the caller's loop; made by ``join``."""
+    """One worker of a run, training ``model`` (on one device) in the caller's loop; made by ``join``, it
+    starts from the PS's values."""
 
     def __init__(self, session: Session, model: nn.Module, flat: FlatParams) -> None:
         self.session, self.model, self.flat = session, model, flat
         self.values = np.empty(flat.size, np.float32)
         """Where replies' values land when they do not come through shared memory."""
-        self._payload = np.empty(flat.size, np.float32)
+        self._payload: np.ndarray | None = None  # where a payload is gathered when not in shared memory
+        device = flat.tensors[0].device if flat.tensors else torch.device("cpu")
+        self._staging = None if device.type == "cpu" else torch.empty(flat.size, device=device)
+        """On a GPU, the flat vector on the device: one copy each way per step, as ``TorchComputer``'s."""
         self._budget = Budget(0, 1, 0.0)
         self._batches: Batches | None = None
         self._loss: torch.Tensor | float = 0.0
+        self._load(session.pull(self.values).values)
+        model.zero_grad(set_to_none=True)
 
     @property
     def stop(self) -> bool:
@@ -84,26 +90,42 @@ class Worker:
         done = self._budget.done
         if not done:
             raise RuntimeError("ps.step() before any micro-batch of ps.batches(loader)")
-        area = self.session.payload_area
-        payload = area if area is not None and area.size == self.flat.size else self._payload
+        payload = self.session.payload_area
+        if payload is None or payload.size != self.flat.size:
+            if self._payload is None:
+                self._payload = np.empty(self.flat.size, np.float32)
+            payload = self._payload
         self._gather(payload)
         compute_s = self._batches.compute_s if self._batches is not None else 0.0
         loss = float(self._loss)
         reply = self.session.push(payload, done, self.values, compute_s=compute_s, loss_sum=loss,
                                   batch_exhausted=self._budget.exhausted(self.session.clock.now()))
         if reply.fresh:
-            self.flat.assign(reply.values)
+            self._load(reply.values)
         self._budget, self._loss = Budget(0, 1, 0.0), 0.0
         self.model.zero_grad(set_to_none=True)
         if self.stop:
             self.session.close()
 
     def _gather(self, out: np.ndarray) -> None:
-        """The gradients (zeros where a parameter has none), then the float buffers, into ``out``: one pass."""
+        """The gradients (zeros where a parameter has none), then the float buffers, into ``out``: one pass
+        (on a GPU, into the device vector, then one copy to the host)."""
         k = self.flat.count
         grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in self.flat.tensors[:k]]
+        target = torch.from_numpy(out) if self._staging is None else self._staging
         with torch.no_grad():
-            copy_all(self.flat.views(torch.from_numpy(out)), [*grads, *(t.detach() for t in self.flat.tensors[k:])])
+            copy_all(self.flat.views(target), [*grads, *(t.detach() for t in self.flat.tensors[k:])])
+            if self._staging is not None:
+                torch.from_numpy(out).copy_(self._staging)
+
+    def _load(self, values: np.ndarray) -> None:
+        """The model's parameters and float buffers from a flat vector."""
+        if self._staging is None:
+            self.flat.assign(values)
+            return
+        with torch.no_grad():
+            self._staging.copy_(host_tensor(values))
+            copy_all([t.detach() for t in self.flat.tensors], self.flat.views(self._staging))
 
 
 def join(config: str, worker: int, model: nn.Module, samples: int | None = None, sets: Sequence[str] = ()) -> Worker:
@@ -119,9 +141,4 @@ def join(config: str, worker: int, model: nn.Module, samples: int | None = None,
     if samples is None:
         samples = share_size(len(configured_dataset(cfg).x_train), worker, cfg.cluster.num_workers)
     flat = FlatParams(model)
-    session = Session(cfg, worker, flat.layout(), flat.size, samples, flat.read)
-    w = Worker(session, model, flat)
-    reply = session.pull(w.values)
-    flat.assign(reply.values)
-    model.zero_grad(set_to_none=True)
-    return w
+    return Worker(Session(cfg, worker, flat.layout(), flat.size, samples, flat.read), model, flat)
