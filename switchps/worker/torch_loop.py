@@ -27,6 +27,7 @@ run.yaml``, for a model the config builds) reported a final evaluation.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -96,10 +97,10 @@ class Worker:
                 self._payload = np.empty(self.flat.size, np.float32)
             payload = self._payload
         self._gather(payload)
-        compute_s = self._batches.compute_s if self._batches is not None else 0.0
-        loss = float(self._loss)
-        reply = self.session.push(payload, done, self.values, compute_s=compute_s, loss_sum=loss,
-                                  batch_exhausted=self._budget.exhausted(self.session.clock.now()))
+        assert self._batches is not None  # it handed out the samples counted
+        exhausted = self._budget.exhausted(self.session.clock.now())
+        reply = self.session.push(payload, done, self.values, compute_s=self._batches.compute_s,
+                                  loss_sum=float(self._loss), batch_exhausted=exhausted)
         if reply.fresh:
             self._load(reply.values)
         self._budget, self._loss = Budget(0, 1, 0.0), 0.0
@@ -128,7 +129,8 @@ class Worker:
             copy_all([t.detach() for t in self.flat.tensors], self.flat.views(self._staging))
 
 
-def join(config: str, worker: int, model: nn.Module, samples: int | None = None, sets: Sequence[str] = ()) -> Worker:
+def join(config: str | os.PathLike[str], worker: int, model: nn.Module, *, samples: int | None = None,
+         sets: Sequence[str] = ()) -> Worker:
     """Join the run ``config`` (a YAML file; ``sets``: ``--set`` overrides) as worker ``worker`` training
     ``model``; returns once the model holds the PS's values (the first worker to register sends its own).
 
