@@ -44,6 +44,7 @@ print(json.dumps({"loss": everything, "steps": ps.steps, "shared": ps.session.pa
 '''
 MODEL_BYTES = 4 * (64 * 64 + 64 + 64 * 10 + 10)  # the README's model
 UNTRAINED_LOSS = 2.3  # ln 10: a model that has learnt nothing about 10 classes
+STEPS = 100
 
 
 def readme_blocks() -> tuple[str, str]:
@@ -69,7 +70,7 @@ def run_example(tmp_path: Path, processes, protocol: dict) -> tuple[dict, int, l
     raw = yaml.safe_load(config)
     raw["protocol"] = protocol
     raw["cluster"]["ps"] = "127.0.0.1:0"  # the PS picks a free port and publishes it
-    raw["train"] = {"steps": 60}
+    raw["train"] = {"steps": STEPS}
     (tmp_path / "ps.yaml").write_text(yaml.safe_dump(raw))
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SWITCHPS_SECRET": secrets.token_hex()}
@@ -92,7 +93,7 @@ def run_example(tmp_path: Path, processes, protocol: dict) -> tuple[dict, int, l
 
 
 def check_trained(summary: dict, updates: int, steps: list[dict], reports: list[dict]) -> None:
-    assert summary["updates"] == updates == 60, "the PS's count, and one ps.csv row per update"
+    assert summary["updates"] == updates == STEPS, "the PS's count, and one ps.csv row per update"
     assert summary["pushes_rejected"] == 0 and summary["workers_not_told_stop"] == []
     assert len(steps) == sum(r["steps"] for r in reports) == summary["pushes_accepted"], "every push counted once"
     assert reports[0]["loss"] == reports[1]["loss"] < UNTRAINED_LOSS / 2, "both hold the same, trained values"
@@ -104,7 +105,7 @@ def test_the_readme_loop_trains_under_bsp(tmp_path: Path, processes) -> None:
     summary, updates, steps, reports = run_example(tmp_path, processes, {"name": "bsp", "batch": 64})
     check_trained(summary, updates, steps, reports)
     assert {int(s["samples"]) for s in steps} == {64}, "each step takes the sample budget, whatever the loader's"
-    assert [r["steps"] for r in reports] == [60, 60], "under BSP each worker pushes once per update"
+    assert [r["steps"] for r in reports] == [STEPS, STEPS], "under BSP each worker pushes once per update"
 
 
 def test_the_readme_loop_ends_its_steps_by_time_under_amb(tmp_path: Path, processes) -> None:
