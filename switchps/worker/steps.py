@@ -102,6 +102,34 @@ def make_sampler(sampling: str, n: int, seed: int, worker: int) -> Sampler | Dra
 
 
 @dataclass
+class Budget:
+    """When a step's micro-batches end: at the work order's sample budget, and under AMB at its time
+    budget T, counted from when the order arrived, after at least one micro-batch (a step never pushes
+    zeros). ``StepRunner`` and a user's own loop (``session.Batches``) both obey it."""
+
+    samples: int
+    micro_batch: int
+    end: float
+    """When T ends (``math.inf``: no time budget)."""
+    done: int = 0
+
+    @classmethod
+    def of(cls, order: Order, received_at: float) -> Budget:
+        budget_s = from_wire(order.time_budget_s)
+        return cls(order.sample_budget, order.micro_batch, math.inf if budget_s is None else received_at + budget_s)
+
+    def next(self, now: float) -> int:
+        """The next micro-batch's size at time ``now``; 0 once the step is over."""
+        if self.done >= self.samples or (self.done and now >= self.end):
+            return 0
+        return min(self.micro_batch, self.samples - self.done)
+
+    def exhausted(self, now: float) -> bool:
+        """Whether the sample budget (AMB's max_batch) ran out before T did."""
+        return self.done >= self.samples and now < self.end < math.inf
+
+
+@dataclass
 class Step:
     """What one worker step produced."""
 
@@ -140,16 +168,15 @@ class StepRunner:
         return step
 
     def _compute(self, order: Order, received_at: float, delays: StepDelays, slept: float) -> Step:
-        budget_s = from_wire(order.time_budget_s)
-        if budget_s is None and self.samples_per_s is None and delays.factor == 1.0:
+        budget = Budget.of(order, received_at)
+        if budget.end == math.inf and self.samples_per_s is None and delays.factor == 1.0:
             t0 = self.clock.now()
             rows = self.sampler.take(order.sample_budget)
             grad, loss = self.gc.compute(rows, order.micro_batch)
             return Step(grad, len(rows), loss, self.clock.now() - t0, slept)
-        end = math.inf if budget_s is None else received_at + budget_s
-        done, compute = 0, 0.0
-        while done < order.sample_budget:
-            rows = self.sampler.take(min(order.micro_batch, order.sample_budget - done))
+        compute = 0.0
+        while size := budget.next(self.clock.now()):
+            rows = self.sampler.take(size)
             t0 = self.clock.now()
             self.gc.accumulate(rows)
             took = self.clock.now() - t0
@@ -157,9 +184,7 @@ class StepRunner:
                 took += self._sleep(len(rows) / self.samples_per_s - took)
             slept += self._sleep((delays.factor - 1.0) * took)
             compute += took
-            done += len(rows)
-            if self.clock.now() >= end:
-                break
-        exhausted = done >= order.sample_budget and self.clock.now() < end < math.inf
+            budget.done += len(rows)
+        exhausted = budget.exhausted(self.clock.now())
         grad, loss = self.gc.finish()
-        return Step(grad, done, loss, compute, slept, exhausted)
+        return Step(grad, budget.done, loss, compute, slept, exhausted)
