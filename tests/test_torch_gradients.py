@@ -120,3 +120,22 @@ def test_read_and_assign_round_trip_values_and_state() -> None:
     gc.assign(flat)
     np.testing.assert_array_equal(gc.read(), flat)
     np.testing.assert_array_equal(gc.weights.read(), flat)
+
+
+def test_a_tied_parameter_runs_at_the_given_values_under_both_names_and_the_module_gets_its_own_back() -> None:
+    torch.manual_seed(0)
+    data = load_dataset("digits")
+    tied = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    tied[2].weight = tied[0].weight
+    gc = TorchComputer(tied, data.x_train[:40], data.y_train[:40], "cpu")
+    assert gc.weights.names == ["0.weight", "0.bias", "2.bias"]  # the tied tensor once on the wire
+    staged = gc.buffer()
+    staged[:] = gc.weights.read() * np.float32(0.5)
+    gc.stage(staged)
+    grad, _ = gc.compute(ROWS, len(ROWS))
+    assert all(isinstance(p, torch.nn.Parameter) for p in tied.parameters()) and tied[2].weight is tied[0].weight
+    gc.assign(staged)
+    x, y = gc._x[torch.from_numpy(ROWS)], gc._y[torch.from_numpy(ROWS)]
+    F.cross_entropy(tied(x), y, reduction="sum").backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in tied.parameters()]).numpy()  # type: ignore[union-attr]
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-4)

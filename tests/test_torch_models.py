@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from switchps.config.run import RunConfig
-from switchps.workload.torch.files import save
+from switchps.workload.torch.files import load, save
 from switchps.workload.torch.models import MODELS, build_model
 from switchps.workload.torch.role import FRAMEWORK
 from switchps.workload.torch.setup import load_state_dict, prepare, resolve_device
@@ -132,6 +132,15 @@ def test_plain_pytorch_loads_the_saved_model(tmp_path: Path, name: str, suffix: 
                     str(tmp_path / "logits.pt")], check=True, timeout=120)
     with torch.no_grad():
         assert torch.equal(torch.load(tmp_path / "logits.pt", weights_only=True), model(x))
+
+
+def test_a_tied_weight_is_saved_under_both_names(tmp_path: Path) -> None:
+    first, second = nn.Linear(4, 4), nn.Linear(4, 4)
+    second.weight = first.weight
+    save(nn.Sequential(first, second), tmp_path / "model.pt")
+    for file in ("model.pt", "model.safetensors"):
+        loaded = load(tmp_path / file)
+        assert torch.equal(loaded["1.weight"], first.weight) and torch.equal(loaded["0.weight"], first.weight)
 
 
 @pytest.mark.parametrize("module", ["switchps.checks", "switchps.workload.torch.models"])
