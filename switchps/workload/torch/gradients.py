@@ -48,7 +48,6 @@ class TorchComputer:
         self._state = [t.detach().clone() for t in self.weights.tensors[self._k :]]
         self._own = [t.detach().requires_grad_() for t in self.weights.tensors[: self._k]]  # the module's memory
         self._leaves = self._own
-        self._staged: np.ndarray | None = None
         self._out: np.ndarray | None = None  # the step's payload vector, while micro-batches accumulate
         self._acc: torch.Tensor | None = None  # the flat accumulator: the payload itself on the CPU
         self._device_acc = None if self.device.type == "cpu" else torch.empty(self.size, device=self.device)
@@ -123,21 +122,18 @@ class TorchComputer:
         """Load a pulled vector (parameters, then state) into the module and the state now (dropping any
         staged one)."""
         self.weights.assign(flat)
-        self._staged, self._leaves = None, self._own
-        self._load_state(flat)
+        self._leaves = self._own
+        with torch.no_grad():
+            copy_all(self._state, self.weights.tensors[self._k :])
 
     def stage(self, flat: np.ndarray) -> None:
         """Run the model at ``flat`` from now on, read in place (its state is loaded now); the caller must not
         change ``flat`` until it stages another or assigns (the worker's reply buffer is written again only
         by the next push's reply, then staged)."""
-        values = host_tensor(flat).to(self.device)  # the same memory on the CPU
-        self._staged = flat
+        values = host_tensor(flat).to(self.device)  # the same memory on the CPU, one copy to a GPU
         self._leaves = [v.detach().requires_grad_() for v in self.weights.views(values, 0, self._k)]
-        self._load_state(flat)
-
-    def _load_state(self, flat: np.ndarray) -> None:
         with torch.no_grad():
-            copy_all(self._state, self.weights.views(host_tensor(flat), self._k))
+            copy_all(self._state, self.weights.views(values, self._k))
 
     def warm_up(self, batch: int, micro_batch: int) -> None:
         """Run every path twice at the step's sizes, now rather than in the first timed step (the first run
