@@ -164,6 +164,21 @@ def test_prepare_loads_the_configured_state_dict_strictly(tmp_path: Path) -> Non
         load_state_dict(other, str(tmp_path / "missing.pt"))
 
 
+def test_the_scorer_gives_the_test_sets_mean_loss_and_accuracy_in_eval_mode_leaving_the_mode() -> None:
+    cfg = RunConfig.model_validate({"model": {"framework": "torch", "name": "resnet20"}})
+    data, model = FRAMEWORK.prepare(cfg)
+    gc = FRAMEWORK.computer(cfg, model, data.x_train, data.y_train)
+    gc.compute(np.arange(64), 64)  # the computer's own state moves; the module's running statistics do not
+    loss, accuracy = FRAMEWORK.scorer(model, data)()
+    assert model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(data.x_test))
+    y = torch.from_numpy(data.y_test).long()
+    assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)), rel=1e-5)
+    assert accuracy == pytest.approx(float((logits.argmax(-1) == y).float().mean()))
+
+
 def test_devices() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
     if torch.cuda.is_available():
