@@ -158,7 +158,8 @@ def test_prepare_loads_the_configured_state_dict_strictly(tmp_path: Path) -> Non
         _, model = prepare(cfg)
         np.testing.assert_array_equal(FlatParams(model).read(), FlatParams(source).read())
     other = build_model("mlp", (64,), 10, hidden=[8])
-    with pytest.raises(ValueError, match=r"(?s)model.state_dict .*start.pt does not fit the model.*size mismatch for hidden0.weight"):
+    mismatch = r"(?s)model.state_dict .*start.pt does not fit the model.*size mismatch for hidden0.weight"
+    with pytest.raises(ValueError, match=mismatch):
         load_state_dict(other, str(tmp_path / "start.pt"))
     with pytest.raises(ValueError, match=r"model.state_dict .*missing.pt"):
         load_state_dict(other, str(tmp_path / "missing.pt"))

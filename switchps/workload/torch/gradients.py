@@ -5,19 +5,21 @@ The samples are moved to the device once; a step names its samples by row and se
 (``index_select``), so no step copies a batch on the host.
 
 The model runs at the values without copying them into the module: each parameter is a view of the flat
-vector, a detached leaf that requires grad, set in the module's place for the call (``Slots``: what
-``torch.func.functional_call`` does, less its per-call bookkeeping, 60 µs of a 400 µs MLP step). A ``stage``d vector (a
-push's reply) is read in place on the CPU, and copied to the device once per stage on a GPU; without one,
-the leaves share the module's own parameters. The loss is the summed cross-entropy; ``torch.autograd.grad``
-gives its gradients, which go into one flat accumulator: on the CPU, straight into ``payload_to`` (the
-segment the push sends from) when it is given, else a new vector each step; on a GPU into a device
-vector, copied to the host once per step. So a CPU step copies the payload once (gradients into it), and
-a GPU step adds one host-to-device copy of the staged values and one device-to-host copy of the payload.
+vector, a detached leaf that requires grad, put in the module's place for the call (``Slots``:
+``torch.func.functional_call``'s swap, found once; its per-call bookkeeping cost a quarter of an MLP step).
+A ``stage``d vector (a push's reply) is read in place on the CPU, and copied to the device once per stage on
+a GPU; without one, the leaves share the module's own parameters. The loss is the summed cross-entropy;
+``torch.autograd.grad`` gives its gradients, which go into one flat accumulator: on the CPU, straight into
+``payload_to`` (the segment the push sends from) when it is given, else a new vector each step; on a GPU
+into a device vector, copied to the host once per step. So a CPU step copies the payload once (the
+gradients into it), and a GPU step adds one host-to-device copy of the staged values and one
+device-to-host copy of the payload.
 
 The payload is the Σ gradient, then the state after the step's forward passes. The state (BatchNorm's
 running statistics) is the computer's own tensors, not the module's: loaded from a vector at ``stage`` or
-``assign``, advanced in place by every training-mode forward (BatchNorm finds them as its buffers), written after the gradients. The module's parameters and float32 buffers change only by
-``assign``; its integer buffers (``num_batches_tracked``, ``FlatParams.local``) count the forwards as usual.
+``assign``, advanced in place by every training-mode forward (BatchNorm finds them as its buffers), written
+after the gradients. The module's parameters and float32 buffers change only by ``assign``; its integer
+buffers (``num_batches_tracked``, ``FlatParams.local``) count the forwards as usual.
 """
 
 from __future__ import annotations
