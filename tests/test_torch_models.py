@@ -16,7 +16,7 @@ from torch import nn
 
 from switchps.config.run import RunConfig
 from switchps.workload.torch.files import load, save
-from switchps.workload.torch.models import MODELS, build_model
+from switchps.workload.torch.models import MODELS, build_model, check_model
 from switchps.workload.torch.role import FRAMEWORK
 from switchps.workload.torch.setup import load_state_dict, prepare, resolve_device
 from switchps.workload.torch.weights import FlatParams
@@ -40,6 +40,15 @@ def test_zoo_sizes() -> None:
 def test_image_models_take_rows_as_the_keras_models_do(name: str, shape: tuple[int, ...]) -> None:
     model = build_model(name, shape, 7)
     assert model(torch.zeros(2, *shape)).shape == (2, 7)
+
+
+def test_check_model_finds_the_problems_without_building() -> None:
+    assert check_model("resnet18", {}, "none") == []
+    assert check_model("mlp", {"hidden": [8, 4]}, "none") == []
+    [(where, why)] = check_model("resnet19", {}, "none")
+    assert where == "name" and "unknown model 'resnet19'" in why and "resnet18" in why
+    [(where, why)] = check_model("mlp", {"hiden": [8]}, "none")
+    assert where.startswith("kwargs") and "hiden" in where + why
 
 
 def test_an_image_model_refuses_a_vector_that_is_no_square() -> None:
