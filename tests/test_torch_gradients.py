@@ -87,6 +87,21 @@ def test_the_step_writes_its_payload_in_place_at_staged_values_leaving_the_modul
     np.testing.assert_allclose(grad[: gc.weights.trainable_size], expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_buffer_staged_again_is_read_at_its_new_contents_and_the_same_segment_written_afresh() -> None:
+    """As a worker runs: the reply buffer is rewritten and staged each step, the payload goes to the same
+    segment each step (the computer keeps their views)."""
+    gc = _computer("mlp")
+    reply, gc.payload_to = gc.buffer(), aligned_empty(gc.size)
+    initial = gc.weights.read()
+    for scale in (1.0, 0.5, 2.0):
+        reply[:] = initial * np.float32(scale)
+        gc.stage(reply)
+        grad, _ = gc.compute(ROWS, 4)
+        assert np.shares_memory(grad, gc.payload_to)
+        gc.weights.assign(reply)  # the module at the same values: plain autograd there is the reference
+        np.testing.assert_allclose(grad, _reference(gc, ROWS)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_without_a_place_each_step_returns_a_new_vector() -> None:
     gc = _computer("mlp")
     first, _ = gc.compute(ROWS, 4)
