@@ -210,9 +210,9 @@ class Cut:
         self.state: list[torch.Tensor] = []
 
     def __call__(self, source: object, flat: torch.Tensor, keep: bool = True) -> Cut:
-        """``flat``'s views (``flat`` is ``source``'s memory); ``keep``: the source will be the same memory
-        when it is passed again (a new or copied vector is not)."""
-        if source is not self.source:
+        """``flat``'s views. ``keep``: ``flat`` is ``source``'s own memory, so they serve again while the same
+        ``source`` comes back (not so a copy of it, or a vector used once)."""
+        if source is not self.source or not keep:
             views = self.weights.views(flat)
             k = self.weights.count
             self.trainable = [v.detach().requires_grad_() for v in views[:k]] if self.leaves else views[:k]
