@@ -1,7 +1,8 @@
 """A worker's step with each framework's gradient computer, side by side: µs per ``stage`` + ``compute`` on
 the same MLP and the same digits batches (rows named as a worker names them, the payload written into a
 segment-like buffer, one thread each), TensorFlow's ``GradientComputer`` and PyTorch's ``TorchComputer``
-alternating in blocks (ABBA); each block's median, and the ratio paired by block.
+alternating in blocks (ABBA); each block's median, and the ratios paired by block (their geometric mean
+and its 95 % t interval).
 
     python bench/torch_step.py [--hidden 128] [--batch 32] [--steps 300] [--blocks 20]
 
@@ -11,15 +12,14 @@ Prints JSON.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
 import numpy as np
-
 import torch
 
 from switchps.jsonfile import dumps
+from switchps.studies.stats import ratio_estimate
 from switchps.workload.tensorflow.gradients import GradientComputer
 from switchps.workload.tensorflow.models import build_model as keras_model
 from switchps.workload.tensorflow.setup import configure_threads
@@ -75,15 +75,12 @@ def main() -> None:
         order = ["tensorflow", "torch"] if b % 2 == 0 else ["torch", "tensorflow"]
         for name in order:
             medians[name].append(block(found[name], values[name], args.batch, args.steps))
-    ratios = [math.log(p / t) for p, t in zip(medians["torch"], medians["tensorflow"])]
-    mean, sd = statistics.mean(ratios), statistics.stdev(ratios)
-    half = 1.96 * sd / math.sqrt(len(ratios))  # normal approximation over the paired blocks
+    ratio = ratio_estimate([p / t for p, t in zip(medians["torch"], medians["tensorflow"])])  # paired by block
     print(dumps({
         "benchmark": "torch_vs_tf_step", "model": f"mlp{args.hidden}", "params": found["torch"].weights.trainable_size,
         "batch": args.batch, "steps_per_block": args.steps, "blocks": args.blocks,
         "us_per_step_median": {n: round(statistics.median(m), 1) for n, m in medians.items()},
-        "torch_over_tf": round(math.exp(mean), 3),
-        "torch_over_tf_95ci": [round(math.exp(mean - half), 3), round(math.exp(mean + half), 3)],
+        "torch_over_tf": {k: v if v is None else round(v, 3) for k, v in ratio.as_dict().items()},
     }))
 
 

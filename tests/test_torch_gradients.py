@@ -3,6 +3,12 @@ written in place at staged values, BatchNorm state rides in the payload, warm-up
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -154,3 +160,14 @@ def test_a_tied_parameter_runs_at_the_given_values_under_both_names_and_the_modu
     F.cross_entropy(tied(x), y, reduction="sum").backward()
     expected = torch.cat([p.grad.reshape(-1) for p in tied.parameters()]).numpy()  # type: ignore[union-attr]
     np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_step_benchmark_times_both_frameworks_on_the_same_batches() -> None:
+    bench = Path(__file__).resolve().parent.parent / "bench" / "torch_step.py"
+    proc = subprocess.run([sys.executable, str(bench), "--steps", "3", "--blocks", "2", "--hidden", "8"],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["model"] == "mlp[8]" and report["params"] == 64 * 8 + 8 + 8 * 10 + 10
+    assert set(report["us_per_step_median"]) == {"tensorflow", "torch"} and report["torch_over_tf"]["n"] == 2
