@@ -108,6 +108,28 @@ def test_a_buffer_staged_again_is_read_at_its_new_contents_and_the_same_segment_
         np.testing.assert_allclose(grad, _reference(gc, ROWS)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_the_gpu_paths_bookkeeping_gives_the_same_payloads() -> None:
+    """A GPU's computer stages into a vector of its own and accumulates into another, copied out at the end:
+    run here with those two vectors on the CPU (no GPU in the tests), against the in-place CPU path."""
+    cpu, gpu = _computer("resnet20"), _computer("resnet20")
+    gpu._device_values, gpu._device_acc = torch.empty(gpu.size), torch.empty(gpu.size)
+    reply = cpu.buffer()
+    for scale in (1.0, 0.5):
+        reply[:] = cpu.weights.read() * np.float32(scale)
+        outs = []
+        for gc in (cpu, gpu):
+            gc.payload_to = aligned_empty(gc.size)
+            gc.stage(reply)
+            grad, loss = gc.compute(ROWS, 4)
+            assert np.shares_memory(grad, gc.payload_to)
+            outs.append((grad.copy(), loss))
+        np.testing.assert_array_equal(outs[0][0], outs[1][0])
+        assert outs[0][1] == outs[1][1]
+    assert cpu._leaves[0].data_ptr() == reply.ctypes.data  # the CPU reads the reply in place
+    assert gpu._leaves[0].data_ptr() == gpu._device_values.data_ptr()  # a GPU reads its copy
+    np.testing.assert_array_equal(gpu.read()[: gpu.weights.trainable_size], reply[: gpu.weights.trainable_size])
+
+
 def test_without_a_place_each_step_returns_a_new_vector() -> None:
     gc = _computer("mlp")
     first, _ = gc.compute(ROWS, 4)
