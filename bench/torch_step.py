@@ -20,6 +20,7 @@ import torch
 
 from switchps.jsonfile import dumps
 from switchps.studies.stats import ratio_estimate
+from switchps.workload.frameworks import Computer
 from switchps.workload.tensorflow.gradients import GradientComputer
 from switchps.workload.tensorflow.models import build_model as keras_model
 from switchps.workload.tensorflow.setup import configure_threads
@@ -28,13 +29,13 @@ from switchps.workload.torch.models import build_model as torch_model
 from switchps.workload.data import load_dataset
 
 
-def computers(hidden: list[int], batch: int) -> dict[str, GradientComputer | TorchComputer]:
+def computers(hidden: list[int], batch: int) -> dict[str, Computer]:
     """Both frameworks' computers over digits' training set, warmed up, their payload going to a buffer."""
     configure_threads(1, 1)
     torch.set_num_threads(1)
     data = load_dataset("digits")
     shape, classes = data.input_shape, data.num_classes
-    found: dict[str, GradientComputer | TorchComputer] = {
+    found: dict[str, Computer] = {
         "tensorflow": GradientComputer(keras_model("mlp", shape, classes, hidden=hidden), data.x_train, data.y_train),
         "torch": TorchComputer(torch_model("mlp", shape, classes, hidden=hidden), data.x_train, data.y_train, "cpu"),
     }
@@ -44,7 +45,7 @@ def computers(hidden: list[int], batch: int) -> dict[str, GradientComputer | Tor
     return found
 
 
-def block(gc: GradientComputer | TorchComputer, values: np.ndarray, batch: int, steps: int) -> float:
+def block(gc: Computer, values: np.ndarray, batch: int, steps: int) -> float:
     """The median µs of ``steps`` steps, each staging the reply's values and computing a batch's payload."""
     times = []
     batches = max(1, gc.samples // batch)

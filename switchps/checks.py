@@ -132,9 +132,6 @@ def _torch_model(cfg: RunConfig) -> list[Problem]:
         model = build_model(spec.name, data.input_shape, data.num_classes, seed=cfg.seed, **spec.kwargs)
     except (TypeError, ValueError) as e:
         return [("model.name", str(e))]
-    if ints := [f"{k} ({p.dtype})" for k, p in model.named_parameters() if not p.is_floating_point()]:
-        return [("model.name", f"model {spec.name!r} has parameters that are not floating point: {', '.join(ints)}; "
-                               "switchps trains float32 parameters (keep integers in buffers)")]
     if spec.state_dict is not None:
         try:
             load_state_dict(model, spec.state_dict)

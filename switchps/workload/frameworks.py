@@ -43,10 +43,14 @@ class Computer(Protocol):
 
     samples: int
     size: int
-    device: Any
-    """Where it computes; its ``str`` (cpu, cuda:K) is what the worker tells the PS at registration."""
-    weights: Weights
     payload_to: np.ndarray | None
+
+    @property
+    def device(self) -> object:
+        """Where it computes; its ``str`` (cpu, cuda:K) is what the worker tells the PS at registration."""
+
+    @property
+    def weights(self) -> Weights: ...
 
     def warm_up(self, batch: int, micro_batch: int) -> None: ...
 

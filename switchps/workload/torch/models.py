@@ -179,7 +179,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     """Build model ``name`` for ``input_shape`` (no batch dim) on the CPU, its weights drawn from ``seed``.
 
     Seeds Python, NumPy and torch globally, so that import-path models are deterministic too. Refuses what
-    the wire cannot carry: a model that is no ``nn.Module``, floating tensors other than float32, and a
+    the wire cannot carry: a model that is no ``nn.Module``, parameters that are not floating point, floating
+    tensors other than float32, and a
     BatchNorm with ``momentum=None`` (its cumulative average counts ``num_batches_tracked``, an integer the
     PS does not keep).
     """
@@ -198,6 +199,9 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
                         "set model.framework: tensorflow")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    if ints := [f"{k} ({p.dtype})" for k, p in model.named_parameters() if not p.is_floating_point()]:
+        raise TypeError(f"model {name!r} has parameters that are not floating point: {', '.join(ints)}; "
+                        "switchps trains float32 parameters (keep integers in buffers)")
     for key, tensor in model.state_dict(keep_vars=True).items():
         if tensor.is_floating_point() and tensor.dtype != torch.float32:
             raise TypeError(f"model {name!r}: {key} is {tensor.dtype}; the wire carries float32 only "
