@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from switchps.workload import frameworks
+
 pytestmark = pytest.mark.integration
 CONFIGS = Path(str(files("switchps.examples")))
 SWITCHPS = str(Path(sys.executable).parent / "switchps")
@@ -37,12 +39,13 @@ def rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def check_run_dir(run_dir: Path) -> dict:
+def check_run_dir(run_dir: Path, framework: str = "tensorflow") -> dict:
+    """The records every finished run writes, its final model in ``framework``'s file among them."""
     for name in ("config.yaml", "ps.csv", "workers.csv", "eval.csv", "events.jsonl", "summary.json"):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
-    assert (summary["framework"], summary["hosts"]) == ("tensorflow", 1), "every role of a local run is on this host"
+    assert (summary["framework"], summary["hosts"]) == (framework, 1), "every role of a local run is on this host"
     assert len(rows(run_dir / "ps.csv")) == summary["updates"] > 0
     assert summary["final_version"] == summary["updates"], "the final accuracy is of the last version"
     evals = rows(run_dir / "eval.csv")
@@ -50,7 +53,7 @@ def check_run_dir(run_dir: Path) -> dict:
     assert float(evals[-1]["test_accuracy"]) == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
     logged = (run_dir / "logs" / "evaluator.log").read_text()
     assert all(f"evaluator: version {e['version']}, " in logged for e in evals), "each evaluation is logged"
-    assert (run_dir / "model.keras").stat().st_size > 0
+    assert (run_dir / f"model{frameworks.framework(framework).model_suffix}").stat().st_size > 0
     assert rows(run_dir / "workers.csv")
     events = [json.loads(x)["event"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert "training_started" in events and "training_finished" in events
@@ -62,15 +65,17 @@ def no_process_mentions(text: str) -> bool:
     return out.stdout.strip() == ""
 
 
+@pytest.mark.parametrize("framework", frameworks.FRAMEWORKS)
 @pytest.mark.parametrize("config", ["bsp", "asp", "ssp", "backup", "amb", "fmb", "kasync", "timed"])
-def test_example_config_trains_digits_to_090(tmp_path, config):
+def test_example_config_trains_digits_to_090(tmp_path, config, framework):
     """Every worker on the PS's host pushes through shared memory, except under BSP here, where the run
-    turns it off and every push goes as gRPC bytes (as from another host)."""
+    turns it off and every push goes as gRPC bytes (as from another host). Either framework's workers
+    (``model.framework``) train the same model to the same bar, under the same protocol's records."""
     shared = config != "bsp"
     proc, run_dir = run(tmp_path, str(CONFIGS / f"{config}.yaml"), "--set",
-                         f"runtime.shared_memory={str(shared).lower()}")
+                         f"runtime.shared_memory={str(shared).lower()}", "--set", f"model.framework={framework}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = check_run_dir(run_dir)
+    summary = check_run_dir(run_dir, framework)
     assert summary["final_test_accuracy"] >= 0.90, summary
     assert summary["pushes_rejected"] == 0
     logs = [f.read_text() for f in sorted((run_dir / "logs").glob("worker-*.log"))]
