@@ -1,0 +1,172 @@
+"""Summed-loss gradients over micro-batches with PyTorch: the twin of ``workload/tensorflow/gradients``,
+whose contract (``frameworks.Computer``) it keeps.
+
+The samples are moved to the device once; a step names its samples by row and selects them there
+(``index_select``), so no step copies a batch on the host.
+
+The model runs at the values without copying them into the module: ``torch.func.functional_call`` is given
+each parameter as a view of the flat vector, a detached leaf that requires grad. A ``stage``d vector (a
+push's reply) is read in place on the CPU, and copied to the device once per stage on a GPU; without one,
+the leaves share the module's own parameters. The loss is the summed cross-entropy; ``torch.autograd.grad``
+gives its gradients, which go into one flat accumulator: on the CPU, straight into ``payload_to`` (the
+segment the push sends from) when it is given, else a new vector each step; on a GPU into a device
+vector, copied to the host once per step. So a CPU step copies the payload once (gradients into it), and
+a GPU step adds one host-to-device copy of the staged values and one device-to-host copy of the payload.
+
+The payload is the Σ gradient, then the state after the step's forward passes. The state (BatchNorm's
+running statistics) is the computer's own tensors, not the module's: loaded from a vector at ``stage`` or
+``assign``, advanced in place by every training-mode forward (``functional_call`` hands them to BatchNorm as
+its buffers), written after the gradients. The module's parameters and float32 buffers change only by
+``assign``; its integer buffers (``num_batches_tracked``, ``FlatParams.local``) count the forwards as usual.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from switchps.protos.codec import aligned_empty
+from switchps.workload.torch.weights import FlatParams, copy_all, host_tensor
+
+
+class TorchComputer:
+    """Computes Σ per-sample gradients of the cross-entropy over a step's samples, rows of ``x``/``y``."""
+
+    def __init__(self, module: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.module = module.to(self.device).train()
+        self.samples = len(x)
+        self._x = torch.tensor(np.asarray(x, np.float32), device=self.device)
+        self._y = torch.tensor(np.asarray(y), dtype=torch.int64, device=self.device)
+        self.weights = FlatParams(self.module)
+        self.size = self.weights.size
+        self._n = self.weights.trainable_size
+        self._k = self.weights.count
+        self._names = self.weights.names
+        self._state = [t.detach().clone() for t in self.weights.tensors[self._k :]]
+        self._own = [t.detach().requires_grad_() for t in self.weights.tensors[: self._k]]  # the module's memory
+        self._leaves = self._own
+        self._staged: np.ndarray | None = None
+        self._out: np.ndarray | None = None  # the step's payload vector, while micro-batches accumulate
+        self._acc: torch.Tensor | None = None  # the flat accumulator: the payload itself on the CPU
+        self._device_acc = None if self.device.type == "cpu" else torch.empty(self.size, device=self.device)
+        self._loss: torch.Tensor | None = None
+        self.payload_to: np.ndarray | None = None
+        """Where a step writes its payload (a worker's segment: the PS reads it from there); None: a new vector
+        each step. The caller reads a payload there before the next step."""
+
+    def _batch(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.from_numpy(np.asarray(rows, np.int64)).to(self.device)
+        return self._x.index_select(0, index), self._y.index_select(0, index)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of a training-mode forward at the current values, advancing the state."""
+        if not self.module.training:  # a scorer sharing the module (the simulator's) left it in eval mode
+            self.module.train()
+        tensors = dict(zip(self._names, [*self._leaves, *self._state]))
+        logits: torch.Tensor = functional_call(self.module, tensors, (x,))
+        return logits
+
+    def accumulate(self, rows: np.ndarray) -> None:
+        """Add the Σ gradient and summed loss of one micro-batch, ``rows``, to the accumulator."""
+        x, y = self._batch(rows)
+        loss = F.cross_entropy(self._forward(x), y, reduction="sum")
+        grads = torch.autograd.grad(loss, self._leaves, allow_unused=True, materialize_grads=True)
+        first = self._acc is None
+        if first:
+            self._acc = self._start()
+        assert self._acc is not None
+        with torch.no_grad():
+            parts = self.weights.views(self._acc, 0, self._k)
+            if first:
+                copy_all(parts, grads)
+                self._loss = loss.detach()
+            else:
+                assert self._loss is not None
+                torch._foreach_add_(parts, grads)
+                self._loss = self._loss + loss.detach()
+
+    def _start(self) -> torch.Tensor:
+        """A step's accumulator: the payload vector's memory on the CPU, the device vector on a GPU."""
+        self._out = np.empty(self.size, np.float32) if self.payload_to is None else self.payload_to
+        return torch.from_numpy(self._out) if self._device_acc is None else self._device_acc
+
+    def finish(self) -> tuple[np.ndarray, float]:
+        """The push payload (accumulated Σ gradient, then the state) and the summed loss; resets."""
+        if self._acc is None:  # nothing accumulated: a zero gradient
+            self._acc = self._start()
+            self._acc[: self._n].zero_()
+        acc, out, loss = self._acc, self._out, self._loss
+        assert out is not None
+        with torch.no_grad():
+            copy_all(self.weights.views(acc, self._k), self._state)
+            if self._device_acc is not None:
+                torch.from_numpy(out).copy_(acc)
+        self._acc = self._out = self._loss = None
+        return out, 0.0 if loss is None else float(loss)
+
+    def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
+        """The push payload and summed loss over the samples ``rows``, one micro-batch at a time."""
+        for i in range(0, len(rows), micro_batch):
+            self.accumulate(rows[i : i + micro_batch])
+        return self.finish()
+
+    def losses(self, rows: np.ndarray) -> np.ndarray:
+        """Each sample's loss, as a step's forward pass computes it (their sum is a step's summed loss)."""
+        x, y = self._batch(rows)
+        with torch.no_grad():
+            losses = F.cross_entropy(self._forward(x), y, reduction="none")
+        result: np.ndarray = losses.cpu().numpy()
+        return result
+
+    def assign(self, flat: np.ndarray) -> None:
+        """Load a pulled vector (parameters, then state) into the module and the state now (dropping any
+        staged one)."""
+        self.weights.assign(flat)
+        self._staged, self._leaves = None, self._own
+        self._load_state(flat)
+
+    def stage(self, flat: np.ndarray) -> None:
+        """Run the model at ``flat`` from now on, read in place (its state is loaded now); the caller must not
+        change ``flat`` until it stages another or assigns (the worker's reply buffer is written again only
+        by the next push's reply, then staged)."""
+        values = host_tensor(flat).to(self.device)  # the same memory on the CPU
+        self._staged = flat
+        self._leaves = [v.detach().requires_grad_() for v in self.weights.views(values, 0, self._k)]
+        self._load_state(flat)
+
+    def _load_state(self, flat: np.ndarray) -> None:
+        with torch.no_grad():
+            copy_all(self._state, self.weights.views(host_tensor(flat), self._k))
+
+    def warm_up(self, batch: int, micro_batch: int) -> None:
+        """Run every path twice at the step's sizes, now rather than in the first timed step (the first run
+        at a new size sets up kernels and allocator pools); leaves values, state and ``payload_to`` as they
+        were."""
+        state = [s.clone() for s in self._state]
+        rows = np.arange(min(batch, self.samples))
+        payload_to, self.payload_to = self.payload_to, None
+        try:
+            for _ in range(2):
+                self.compute(rows, len(rows))
+                self.compute(rows, micro_batch)
+                self.losses(rows)
+        finally:
+            self.payload_to = payload_to
+            with torch.no_grad():
+                copy_all(self._state, state)
+
+    def buffer(self) -> np.ndarray:
+        """A vector of the model's size that ``stage`` reads in place (on the CPU)."""
+        return aligned_empty(self.size)
+
+    def read(self) -> np.ndarray:
+        """The values the model runs at (staged, or the module's parameters), then the state."""
+        out = np.empty(self.size, np.float32)
+        target = torch.from_numpy(out)
+        with torch.no_grad():
+            copy_all(self.weights.views(target), [t.detach().cpu() for t in [*self._leaves, *self._state]])
+        return out
