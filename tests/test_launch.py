@@ -34,13 +34,18 @@ def run(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[subprocess.Co
     return proc, (dirs[0] if len(dirs) == 1 else None)
 
 
+def model_file(framework: str) -> str:
+    """The final model's file name in a run directory of ``framework``'s workers."""
+    return f"model{frameworks.framework(framework).model_suffix}"
+
+
 def rows(path: Path) -> list[dict]:
     with path.open() as f:
         return list(csv.DictReader(f))
 
 
-def check_run_dir(run_dir: Path, framework: str = "tensorflow") -> dict:
-    """The records every finished run writes, its final model in ``framework``'s file among them."""
+def check_run_dir(run_dir: Path, framework: str = "tensorflow", model: str = "model.keras") -> dict:
+    """What every local run leaves, its workers computing with ``framework``, its final model ``model``."""
     for name in ("config.yaml", "ps.csv", "workers.csv", "eval.csv", "events.jsonl", "summary.json"):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -53,7 +58,7 @@ def check_run_dir(run_dir: Path, framework: str = "tensorflow") -> dict:
     assert float(evals[-1]["test_accuracy"]) == pytest.approx(summary["final_test_accuracy"], abs=1e-6)
     logged = (run_dir / "logs" / "evaluator.log").read_text()
     assert all(f"evaluator: version {e['version']}, " in logged for e in evals), "each evaluation is logged"
-    assert (run_dir / f"model{frameworks.framework(framework).model_suffix}").stat().st_size > 0
+    assert (run_dir / model).stat().st_size > 0
     assert rows(run_dir / "workers.csv")
     events = [json.loads(x)["event"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert "training_started" in events and "training_finished" in events
@@ -75,7 +80,7 @@ def test_example_config_trains_digits_to_090(tmp_path, config, framework):
     proc, run_dir = run(tmp_path, str(CONFIGS / f"{config}.yaml"), "--set",
                          f"runtime.shared_memory={str(shared).lower()}", "--set", f"model.framework={framework}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = check_run_dir(run_dir, framework)
+    summary = check_run_dir(run_dir, framework, model_file(framework))
     assert summary["final_test_accuracy"] >= 0.90, summary
     assert summary["pushes_rejected"] == 0
     logs = [f.read_text() for f in sorted((run_dir / "logs").glob("worker-*.log"))]

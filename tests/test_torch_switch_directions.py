@@ -12,7 +12,7 @@ import pytest
 
 from switchps.names import PROTOCOLS
 from switchps.workload.frameworks import FRAMEWORKS
-from test_launch import check_run_dir, rows, run
+from test_launch import check_run_dir, model_file, rows, run
 
 pytestmark = pytest.mark.integration
 PHASE_STEPS = 3
@@ -55,7 +55,7 @@ def test_workers_follow_every_switch_direction_in_one_run(tmp_path: Path, framew
     cfg.write_text(json.dumps(raw))  # JSON is YAML
     proc, run_dir = run(tmp_path, str(cfg), timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = check_run_dir(run_dir, framework)
+    summary = check_run_dir(run_dir, framework, model_file(framework))
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     done = [(e["from"], e["to"]) for e in events if e["event"] == "switch"]
     assert done == list(zip(walk, walk[1:])), "every direction, in the schedule's order, each once"
