@@ -3,6 +3,12 @@ written in place at staged values, BatchNorm state rides in the payload, warm-up
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -87,6 +93,43 @@ def test_the_step_writes_its_payload_in_place_at_staged_values_leaving_the_modul
     np.testing.assert_allclose(grad[: gc.weights.trainable_size], expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_buffer_staged_again_is_read_at_its_new_contents_and_the_same_segment_written_afresh() -> None:
+    """As a worker runs: the reply buffer is rewritten and staged each step, the payload goes to the same
+    segment each step (the computer keeps their views)."""
+    gc = _computer("mlp")
+    reply, gc.payload_to = gc.buffer(), aligned_empty(gc.size)
+    initial = gc.weights.read()
+    for scale in (1.0, 0.5, 2.0):
+        reply[:] = initial * np.float32(scale)
+        gc.stage(reply)
+        grad, _ = gc.compute(ROWS, 4)
+        assert np.shares_memory(grad, gc.payload_to)
+        gc.weights.assign(reply)  # the module at the same values: plain autograd there is the reference
+        np.testing.assert_allclose(grad, _reference(gc, ROWS)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_gpu_paths_bookkeeping_gives_the_same_payloads() -> None:
+    """A GPU's computer stages into a vector of its own and accumulates into another, copied out at the end:
+    run here with those two vectors on the CPU (no GPU in the tests), against the in-place CPU path."""
+    cpu, gpu = _computer("resnet20"), _computer("resnet20")
+    gpu._device_values, gpu._device_acc = torch.empty(gpu.size), torch.empty(gpu.size)
+    reply = cpu.buffer()
+    for scale in (1.0, 0.5):
+        reply[:] = cpu.weights.read() * np.float32(scale)
+        outs = []
+        for gc in (cpu, gpu):
+            gc.payload_to = aligned_empty(gc.size)
+            gc.stage(reply)
+            grad, loss = gc.compute(ROWS, 4)
+            assert np.shares_memory(grad, gc.payload_to)
+            outs.append((grad.copy(), loss))
+        np.testing.assert_array_equal(outs[0][0], outs[1][0])
+        assert outs[0][1] == outs[1][1]
+    assert cpu._leaves[0].data_ptr() == reply.ctypes.data  # the CPU reads the reply in place
+    assert gpu._leaves[0].data_ptr() == gpu._device_values.data_ptr()  # a GPU reads its copy
+    np.testing.assert_array_equal(gpu.read()[: gpu.weights.trainable_size], reply[: gpu.weights.trainable_size])
+
+
 def test_without_a_place_each_step_returns_a_new_vector() -> None:
     gc = _computer("mlp")
     first, _ = gc.compute(ROWS, 4)
@@ -120,3 +163,33 @@ def test_read_and_assign_round_trip_values_and_state() -> None:
     gc.assign(flat)
     np.testing.assert_array_equal(gc.read(), flat)
     np.testing.assert_array_equal(gc.weights.read(), flat)
+
+
+def test_a_tied_parameter_runs_at_the_given_values_under_both_names_and_the_module_gets_its_own_back() -> None:
+    torch.manual_seed(0)
+    data = load_dataset("digits")
+    tied = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    tied[2].weight = tied[0].weight
+    gc = TorchComputer(tied, data.x_train[:40], data.y_train[:40], "cpu")
+    assert gc.weights.names == ["0.weight", "0.bias", "2.bias"]  # the tied tensor once on the wire
+    staged = gc.buffer()
+    staged[:] = gc.weights.read() * np.float32(0.5)
+    gc.stage(staged)
+    grad, _ = gc.compute(ROWS, len(ROWS))
+    assert all(isinstance(p, torch.nn.Parameter) for p in tied.parameters()) and tied[2].weight is tied[0].weight
+    gc.assign(staged)
+    x, y = gc._x[torch.from_numpy(ROWS)], gc._y[torch.from_numpy(ROWS)]
+    F.cross_entropy(tied(x), y, reduction="sum").backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in tied.parameters()]).numpy()  # type: ignore[union-attr]
+    np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_step_benchmark_times_both_frameworks_on_the_same_batches() -> None:
+    bench = Path(__file__).resolve().parent.parent / "bench" / "torch_step.py"
+    proc = subprocess.run([sys.executable, str(bench), "--steps", "3", "--blocks", "2", "--hidden", "8"],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["model"] == "mlp[8]" and report["params"] == 64 * 8 + 8 + 8 * 10 + 10
+    assert set(report["us_per_step_median"]) == {"tensorflow", "torch"} and report["torch_over_tf"]["n"] == 2

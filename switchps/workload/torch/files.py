@@ -21,7 +21,7 @@ def save(module: nn.Module, path: Path) -> Path:
     tmp.replace(path)
     safetensors = path.with_suffix(".safetensors")
     tmp = path.with_name(f".{path.stem}.tmp.safetensors")
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
+    save_file(_unshared(state), str(tmp))
     tmp.replace(safetensors)
     return path
 
@@ -34,3 +34,15 @@ def load(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     state: dict[str, torch.Tensor] = torch.load(path, map_location="cpu", weights_only=True)
     return state
+
+
+def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with a tensor that shares memory with an earlier one (a tied weight's second name) copied:
+    safetensors stores each tensor's own bytes, and refuses shared ones."""
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in state.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        out[key] = tensor.clone() if ptr in seen else tensor.contiguous()
+        seen.add(ptr)
+    return out

@@ -124,7 +124,8 @@ def _resnet(input_shape: tuple[int, ...], num_classes: int, widths: tuple[int, .
             name: str) -> nn.Module:
     """A CIFAR ResNet v1 (He et al. 2016): a 3x3 stem at ``widths[0]`` (stride 1, no max-pool), then one
     stage of ``blocks`` basic blocks per width, each after the first halving the resolution; global average
-    pooling and the logits."""
+    pooling and the logits. BatchNorm keeps torch's defaults (momentum 0.1, eps 1e-5; Keras's twin's are
+    0.01 and 1e-3 in torch's terms), the convolutions are He-normal as Keras's."""
     from torch import nn
 
     _, _, channels = _image_shape(input_shape, name)

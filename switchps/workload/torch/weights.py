@@ -70,9 +70,11 @@ class FlatParams:
         return out
 
     def assign(self, flat: np.ndarray) -> None:
-        """Copy a flat vector (trainable then state) into the module's tensors."""
+        """Copy a flat vector (trainable then state) into the module's tensors (moved to their device first, in
+        one copy)."""
+        device = self.tensors[0].device if self.tensors else torch.device("cpu")
         with torch.no_grad():
-            copy_all([t.detach() for t in self.tensors], self.views(host_tensor(flat)))
+            copy_all([t.detach() for t in self.tensors], self.views(host_tensor(flat).to(device)))
 
 
 def host_tensor(flat: np.ndarray) -> torch.Tensor:
