@@ -139,7 +139,7 @@ def series(runs: list[tuple[int, str, dict]]) -> dict[str, list[float]]:
     return out
 
 
-def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, bool]]) -> dict:
+def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, Any]]) -> dict:
     """Two arms (``run_once`` keyword arguments) in alternating pairs (``interleave``); each pair's ratio
     (first arm over second), their spread and geometric mean, whether it differs from 1 beyond its 95 %
     interval (log scale), and the ratio of medians."""

@@ -54,7 +54,7 @@ def test_workers_follow_every_switch_direction_in_one_run(tmp_path: Path, framew
     cfg = tmp_path / "circuit.yaml"
     cfg.write_text(json.dumps(raw))  # JSON is YAML
     proc, run_dir = run(tmp_path, str(cfg), timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0 and run_dir is not None, proc.stderr[-3000:]
     summary = check_run_dir(run_dir, framework, model_file(framework))
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     done = [(e["from"], e["to"]) for e in events if e["event"] == "switch"]
