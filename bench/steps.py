@@ -1,4 +1,5 @@
-"""ASP steps per second: logistic regression (784->10, or ``--dim``->10), N workers + 1 PS, real TF gradients.
+"""ASP steps per second: logistic regression (784->10, or ``--dim``->10), N workers + 1 PS, real gradients of
+either framework (``--framework``: TensorFlow by default, or PyTorch).
 
 Runs the real launcher (separate PS, evaluator and worker processes on
 loopback) for a fixed wall time and reads the run record. ``--vs-tf`` measures
@@ -18,6 +19,7 @@ would, gRPC bytes only (no shared memory, so no Unix socket either) and no CPU b
     python bench/steps.py --auth-ab 3    # 3 pairs of runs, authenticated (the default) vs insecure, alternating
     python bench/steps.py --shm-ab 3     # 3 pairs: pushes through shared memory (the default) vs gRPC bytes
     python bench/steps.py --network      # one run as from other hosts: gRPC bytes, no CPU binding
+    python bench/steps.py --framework-ab 4 --dims 784 78400   # 4 pairs each: torch workers vs TF workers
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from switchps.config.run import RunConfig, parse_config
 from switchps.jsonfile import dumps
 from switchps.launch.launcher import launch
 from switchps.studies.stats import ratio_estimate
+from switchps.workload.frameworks import FRAMEWORKS
 from tf_ps import MODES as TF_MODES, run_peer, train_rows
 
 SYNTHETIC_MAX_FEATURES = 10**4
@@ -73,16 +76,18 @@ def model_name(dim: int) -> str:
     return f"logreg {dim}->{CLASSES} ({dim * CLASSES + CLASSES:,} parameters)"
 
 
-def run_config(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True) -> RunConfig:
+def run_config(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True,
+               framework: str | None = None) -> RunConfig:
     """The launcher's config for one run: switchps as shipped, but for ``insecure`` and ``shared_memory``
-    False (pushes as gRPC bytes); ``args.network``: as from other hosts, gRPC bytes and ``NO_BINDING``."""
+    False (pushes as gRPC bytes); ``args.network``: as from other hosts, gRPC bytes and ``NO_BINDING``; the
+    workers' ``framework`` (default ``args.framework``)."""
     runtime: dict[str, Any] = {"shared_memory": shared_memory and not args.network}
     if args.network:
         runtime["cpu"] = NO_BINDING
     return parse_config({
         "name": "steps-bench",
         "cluster": {"workers": args.workers},
-        "model": {"name": "logreg"},
+        "model": {"name": "logreg", "framework": framework or args.framework},
         "data": data_config(args.dim),
         "optimizer": {"name": "sgd", "learning_rate": 0.05},
         "protocol": {"name": "asp", "batch": args.batch},
@@ -95,16 +100,18 @@ def run_config(args: argparse.Namespace, insecure: bool = False, shared_memory: 
     })
 
 
-def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True) -> dict:
+def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True,
+             framework: str | None = None) -> dict:
     """One launcher run of ``run_config`` for ``args.seconds``; its steps/s and the figures behind it."""
-    cfg = run_config(args, insecure, shared_memory)
+    cfg = run_config(args, insecure, shared_memory, framework)
     run_dir, summary = launch(cfg, quiet=True)
     with (run_dir / "workers.csv").open() as f:
         steps = list(csv.DictReader(f))
     mean = lambda key: sum(float(r[key]) for r in steps) / len(steps)  # noqa: E731
     steps_per_s = summary["updates"] / summary["wall_time_s"]
     return {
-        "benchmark": "asp_steps", "model": model_name(args.dim), "workers": args.workers,
+        "benchmark": "asp_steps", "model": model_name(args.dim), "framework": cfg.model.framework,
+        "workers": args.workers,
         "batch": args.batch, "authenticated": not insecure, "shared_memory": cfg.runtime.shared_memory,
         "cpu_binding": cfg.runtime.cpu.model_dump(), "wall_time_s": summary["wall_time_s"],
         "updates": summary["updates"], "steps_per_s": round(steps_per_s, 1),
@@ -132,18 +139,28 @@ def series(runs: list[tuple[int, str, dict]]) -> dict[str, list[float]]:
     return out
 
 
-def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, bool]]) -> dict:
+def alternate(args: argparse.Namespace, pairs: int, arms: dict[str, dict[str, Any]]) -> dict:
     """Two arms (``run_once`` keyword arguments) in alternating pairs (``interleave``); each pair's ratio
     (first arm over second), their spread and geometric mean, whether it differs from 1 beyond its 95 %
     interval (log scale), and the ratio of medians."""
-    runs = series(interleave(pairs, {name: partial(run_once, args, **kw) for name, kw in arms.items()}))
+    done = interleave(pairs, {name: partial(run_once, args, **kw) for name, kw in arms.items()})
+    runs = series(done)
     first, second = runs.values()
     med = {k: statistics.median(v) for k, v in runs.items()}
     return {"model": model_name(args.dim), "workers": args.workers, "seconds_per_run": args.seconds,
             "steps_per_s": runs, "median_steps_per_s": med,
             "pair_ratios": [round(a / b, 3) for a, b in zip(first, second)],
             "ratio": ratio_summary([a / b for a, b in zip(first, second)], target=1.0),
-            "ratio_of_medians": round(statistics.median(first) / statistics.median(second), 3)}
+            "ratio_of_medians": round(statistics.median(first) / statistics.median(second), 3), "runs": kept(done)}
+
+
+def framework_ab(args: argparse.Namespace) -> dict:
+    """Torch workers against TensorFlow workers, same model, data, batch and protocol, at each of
+    ``args.dims`` input features: ``alternate``'s pairs, each ratio torch / TF (> 1: torch is faster)."""
+    arms = {"torch": {"framework": "torch"}, "tensorflow": {"framework": "tensorflow"}}
+    return {"benchmark": "asp_steps_torch_over_tensorflow", "batch": args.batch,
+            "models": [alternate(argparse.Namespace(**{**vars(args), "dim": dim}), args.framework_ab, arms)
+                       for dim in args.dims]}
 
 
 def ratio_summary(ratios: list[float], target: float | None = None) -> dict[str, Any]:
@@ -195,13 +212,18 @@ def vs_tf(args: argparse.Namespace) -> dict:
         user, tuned = steps["tf_user"], steps["tf_tuned"]
         out["tf_user_over_tuned"] = {"pair_ratios": [round(u / t, 3) for u, t in zip(user, tuned)],
                                      "ratio": ratio_summary([u / t for u, t in zip(user, tuned)], target=1.0)}
-    out["runs"] = [{"pair": pair, "who": name, **{k: run[k] for k in _KEPT if k in run}} for pair, name, run in runs]
+    out["runs"] = kept(runs)
     return out
+
+
+def kept(runs: list[tuple[int, str, dict]]) -> list[dict]:
+    """Each run, in run order, with its pair, its arm and the figures worth keeping (``_KEPT``)."""
+    return [{"pair": pair, "who": name, **{k: run[k] for k in _KEPT if k in run}} for pair, name, run in runs]
 
 
 _KEPT = ("steps_per_s", "wall_time_s", "window_s", "updates", "steps", "worker_compute_ms", "worker_round_trip_ms",
          "checkpoints", "shared_memory", "cpu_binding", "mode", "threads", "per_step_fetch", "ports_freed",
-         "run_dir")
+         "framework", "run_dir")
 
 
 def main() -> None:
@@ -210,6 +232,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--dim", type=int, default=784, help="input features (78400: 784,010 parameters)")
+    ap.add_argument("--framework", choices=FRAMEWORKS, default="tensorflow", help="the workers' framework")
+    ap.add_argument("--framework-ab", type=int, metavar="PAIRS",
+                    help="alternate PAIRS runs of torch workers and of TF workers at each of --dims")
+    ap.add_argument("--dims", type=int, nargs="+", default=[784, 78400], help="with --framework-ab: input features")
     ap.add_argument("--checkpoint-every-s", type=float, default=30.0, help="the PS's checkpoint interval")
     ap.add_argument("--no-checkpoint", action="store_true", help="no checkpoints at all")
     ap.add_argument("--auth-ab", type=int, metavar="PAIRS", help="compare authenticated and insecure runs")
@@ -241,6 +267,8 @@ def main() -> None:
         ap.error("--shm-ab compares shared memory with gRPC bytes: not with --network (gRPC bytes only)")
     if args.vs_tf:
         out = vs_tf(args)
+    elif args.framework_ab:
+        out = framework_ab(args)
     elif args.auth_ab:
         out = {"benchmark": "asp_steps_authenticated_over_insecure",
                **alternate(args, args.auth_ab, {"authenticated": {}, "insecure": {"insecure": True}})}

@@ -30,7 +30,8 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 @pytest.mark.parametrize("script,flag", [("steps.py", "--vs-tf"), ("tf_ps.py", "--warmup-s"),
                                          ("profile_step.py", "--py-spy"), ("shards.py", "transport"),
-                                         ("steps.py", "--shards"), ("transport.py", "--shards")])
+                                         ("steps.py", "--shards"), ("transport.py", "--shards"),
+                                         ("steps.py", "--framework-ab"), ("gpu.py", "--device")])
 def test_help(script: str, flag: str) -> None:
     out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
                          timeout=60)
@@ -168,6 +169,50 @@ def test_alternate_runs_its_two_arms_abba_and_divides_the_first_by_the_second(be
     assert out["ratio"]["target"] == {"ratio": 1.0, "verdict": "above"}  # the same every pair: significant
 
 
+def test_framework_ab_alternates_torch_and_tf_workers_abba_at_each_model_size(bench: ModuleType,
+                                                                             monkeypatch) -> None:
+    calls: list[tuple[int, str]] = []
+
+    def run_once(args, framework):
+        calls.append((args.dim, framework))
+        return {"steps_per_s": 150.0 if framework == "torch" else 100.0, "framework": framework}
+
+    monkeypatch.setattr(bench, "run_once", run_once)
+    args = argparse.Namespace(dims=[784, 78400], framework_ab=2, workers=2, seconds=1.0, batch=32, dim=784)
+    out = bench.framework_ab(args)
+    assert calls == [(784, "torch"), (784, "tensorflow"), (784, "tensorflow"), (784, "torch"),
+                     (78400, "torch"), (78400, "tensorflow"), (78400, "tensorflow"), (78400, "torch")]
+    assert [m["model"] for m in out["models"]] == [bench.model_name(784), bench.model_name(78400)]
+    assert all(m["pair_ratios"] == [1.5, 1.5] for m in out["models"]), "torch over TF, pair by pair"
+    assert [r["framework"] for r in out["models"][0]["runs"]] == ["torch", "tensorflow", "tensorflow", "torch"]
+
+
+def test_the_workers_framework_is_the_run_s(bench: ModuleType) -> None:
+    args = argparse.Namespace(network=False, workers=2, dim=784, batch=32, seconds=1.0, no_checkpoint=False,
+                              checkpoint_every_s=30.0, framework="torch")
+    assert bench.run_config(args).model.framework == "torch"
+    assert bench.run_config(args, framework="tensorflow").model.framework == "tensorflow"
+
+
+def test_gpu_bench_runs_on_the_cpu_without_tensorflow_and_prints_every_case() -> None:
+    """bench/gpu.py, tiny (3 steps of 8 images): a local loop, the computer alone, and real runs with 1
+    and 2 torch workers; the process that ran it all never imported TensorFlow (a GPU machine has none)."""
+    code = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
+            "assert 'tensorflow' not in sys.modules, 'TensorFlow imported'")
+    out = subprocess.run([sys.executable, "-c", code, str(BENCH / "gpu.py"), "--device", "cpu", "--steps", "3",
+                          "--batch", "8", "--workers", "1", "2"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = json.loads(out.stdout)
+    assert (d["device"], d["batch"], d["steps"], d["parameters"]) == ("cpu", 8, 3, 11_173_962)
+    assert d["local"]["steps_per_s"] > 0 and d["computer"]["steps_per_s"] > 0
+    assert [r["workers"] for r in d["switchps"]] == [1, 2]
+    for r in d["switchps"]:
+        assert r["updates"] == 3 * r["workers"] and r["pushes_rejected"] == 0
+        assert r["compute_ms"] > 0 and r["round_trip_ms"] > 0
+        assert r["per_worker_over_local"] == pytest.approx(r["steps_per_s_per_worker"] / d["local"]["steps_per_s"],
+                                                           rel=0.01)
+
+
 def _vs_tf_args(**kw) -> argparse.Namespace:
     return argparse.Namespace(**{"vs_tf": 2, "dim": 784, "workers": 2, "batch": 32, "seconds": 1.0,
                                  "tf_warmup_s": 0.0, "no_checkpoint": False, "checkpoint_every_s": 30.0,
@@ -220,7 +265,7 @@ def test_network_path_runs_switchps_on_grpc_bytes_with_no_cpu_binding(bench: Mod
     from switchps.config.cpu_binding import CpuBinding, local_bindings
 
     args = argparse.Namespace(network=False, workers=2, dim=784, batch=32, seconds=1.0, no_checkpoint=False,
-                              checkpoint_every_s=30.0)
+                              checkpoint_every_s=30.0, framework="tensorflow")
     shipped = bench.run_config(args)
     assert shipped.runtime.shared_memory
     assert local_bindings(2, 1, shipped.runtime.cpu, [0, 1])["worker-1"] == CpuBinding((1,), 5)

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from switchps.workload import frameworks
+
 pytestmark = pytest.mark.integration
 CONFIGS = Path(str(files("switchps.examples")))
 SWITCHPS = str(Path(sys.executable).parent / "switchps")
@@ -30,6 +32,11 @@ def run(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[subprocess.Co
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     dirs = [d for d in tmp_path.iterdir() if d.is_dir() and (d / "config.yaml").exists()]
     return proc, (dirs[0] if len(dirs) == 1 else None)
+
+
+def model_file(framework: str) -> str:
+    """The final model's file name in a run directory of ``framework``'s workers."""
+    return f"model{frameworks.framework(framework).model_suffix}"
 
 
 def rows(path: Path) -> list[dict]:
@@ -63,15 +70,17 @@ def no_process_mentions(text: str) -> bool:
     return out.stdout.strip() == ""
 
 
+@pytest.mark.parametrize("framework", frameworks.FRAMEWORKS)
 @pytest.mark.parametrize("config", ["bsp", "asp", "ssp", "backup", "amb", "fmb", "kasync", "timed"])
-def test_example_config_trains_digits_to_090(tmp_path, config):
+def test_example_config_trains_digits_to_090(tmp_path, config, framework):
     """Every worker on the PS's host pushes through shared memory, except under BSP here, where the run
-    turns it off and every push goes as gRPC bytes (as from another host)."""
+    turns it off and every push goes as gRPC bytes (as from another host). Either framework's workers
+    (``model.framework``) train the same model to the same bar, under the same protocol's records."""
     shared = config != "bsp"
     proc, run_dir = run(tmp_path, str(CONFIGS / f"{config}.yaml"), "--set",
-                         f"runtime.shared_memory={str(shared).lower()}")
+                         f"runtime.shared_memory={str(shared).lower()}", "--set", f"model.framework={framework}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = check_run_dir(run_dir)
+    summary = check_run_dir(run_dir, framework, model_file(framework))
     assert summary["final_test_accuracy"] >= 0.90, summary
     assert summary["pushes_rejected"] == 0
     logs = [f.read_text() for f in sorted((run_dir / "logs").glob("worker-*.log"))]
@@ -98,12 +107,14 @@ def test_example_config_trains_digits_to_090(tmp_path, config):
     if config in ("asp", "ssp"):  # one push per update, applied on arrival, some of them stale
         assert set(contributors) == {1}
         assert max(int(u["staleness_max"]) for u in updates) >= 1
-    if config == "ssp":  # a worker's pushes never run more than s + 1 versions behind 3 workers' clocks,
-        # unless it missed its SSP deadline (on a loaded machine) and was excluded: then nothing bounds it
+    if config == "ssp":  # staleness 2, 3 workers: a push is at most (3 - 1)(2 x 2 + 1) versions stale. When its
+        # worker took its values it was at most s clocks ahead of each other worker, and each other may then push
+        # until it is s + 1 ahead of it: 2s + 1 pushes each (runs reach it). Unless a worker missed its SSP
+        # deadline (on a loaded machine) and was excluded: then nothing bounds it
         events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
         excluded = {str(e["worker"]) for e in events if e["event"] == "worker_excluded"}
         bounded = [u for u in updates if not excluded & set(u["workers"].split(";"))]
-        assert bounded and max(int(u["staleness_max"]) for u in bounded) <= (2 + 1) * 3
+        assert bounded and max(int(u["staleness_max"]) for u in bounded) <= (3 - 1) * (2 * 2 + 1)
 
 
 def test_crashed_worker_stops_everything_and_is_named(tmp_path):

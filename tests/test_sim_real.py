@@ -22,6 +22,7 @@ import pytest
 from switchps.config.run import RunConfig, parse_config
 from switchps.launch.launcher import launch
 from switchps.sim.run import simulate
+from switchps.workload.frameworks import FRAMEWORKS
 
 pytestmark = pytest.mark.integration
 SWITCHPS = str(Path(sys.executable).parent / "switchps")
@@ -158,24 +159,30 @@ def test_a_policy_switches_at_the_same_version_in_a_real_run_and_its_simulation(
 # ---- the simulator, deterministic across processes ----------------------------------------------
 
 
-@pytest.mark.parametrize("time_only", [True, False], ids=["time-only", "gradients"])
-def test_two_simulate_processes_write_byte_identical_records(tmp_path: Path, time_only: bool) -> None:
+@pytest.mark.parametrize("framework", [None, *FRAMEWORKS], ids=["time-only", *FRAMEWORKS])
+def test_two_simulate_processes_write_byte_identical_records(tmp_path: Path, framework: str | None) -> None:
     # A policy that switches back and forth on transient episodes (on virtual time), with the seeded kinds
-    # too, on 4 workers: each process has its own hash seed, TensorFlow and imports; none may reach a record.
+    # too, on 4 workers: each process has its own hash seed, framework and imports; none may reach a record.
+    # With a framework (None: time only), the steps' real gradients are that framework's.
     stragglers = {**{k: v for k, v in STRAGGLERS.items() if k != "slowdown"},
                   "transient": {"workers": 1, "factor": 4.0, "duration_s": 1.0, "every_s": 2.0}}
     raw = raw_config(tmp_path, cluster={"workers": 4}, train={"steps": 60}, stragglers=stragglers,
+                     model={"name": "logreg", "framework": framework or "tensorflow"},
                      policy={"name": "greedy", "every_k": 5, "kwargs": {"bsp_fraction": 0.8, "patience": 2}})
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(json.dumps(raw))  # JSON is YAML
     for name, hash_seed in (("a", "1"), ("b", "2")):
         args = [SWITCHPS, "simulate", str(cfg), "--quiet", "--run-dir", str(tmp_path / name),
-                *(["--time-only"] if time_only else [])]
+                *([] if framework else ["--time-only"])]
         done = subprocess.run(args, capture_output=True, text=True, timeout=240,
                               env={**os.environ, "PYTHONHASHSEED": hash_seed})
         assert done.returncode == 0, done.stderr[-2000:]
-    tables = ["ps.csv", "workers.csv", "events.jsonl", "stragglers.csv", *([] if time_only else ["eval.csv"])]
+    tables = ["ps.csv", "workers.csv", "events.jsonl", "stragglers.csv", *(["eval.csv"] if framework else [])]
     for table in tables:
         assert (tmp_path / "a" / table).read_bytes() == (tmp_path / "b" / table).read_bytes(), table
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("a", "b")]
+    assert [{k: v for k, v in s.items() if k != "sim_wall_s"} for s in summaries[1:]] == [
+        {k: v for k, v in summaries[0].items() if k != "sim_wall_s"}], "the summary too, but for the wall time"
+    assert summaries[0]["framework"] == framework
     assert len(rows(tmp_path / "a", "ps.csv")) == 60
     assert {s["to"] for s in switches(tmp_path / "a")} == {"asp", "bsp"}, "it switched there and back"
