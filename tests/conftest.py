@@ -5,6 +5,7 @@ collect without them."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 import subprocess
 import time
 
@@ -12,6 +13,19 @@ import psutil
 import pytest
 
 pytest.register_assert_rewrite("cluster")  # imported by name in some tests before pytest loads it as a plugin
+
+
+@dataclass
+class FakeClock:
+    """A ``worker.steps.Clock`` whose time passes only when something sleeps, or a test says so."""
+
+    t: float = 100.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
 
 
 def wait_until(cond, timeout_s: float = 10.0, what: str = "the condition") -> None:

@@ -17,19 +17,7 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.worker.steps import Sampler, StepRunner, Step
 from switchps.straggler_trace import StepDelays
 from switchps.workload.frameworks import FRAMEWORKS, Computer, framework
-
-
-@dataclass
-class FakeClock:
-    """Time that passes only when something sleeps or computes."""
-
-    t: float = 100.0
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
+from conftest import FakeClock
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from conftest import wait_until
+from conftest import FakeClock, wait_until
 from switchps.protos import switchps_pb2 as pb
 from switchps.worker.client import Reply
 from switchps.worker.session import Batches
@@ -115,19 +115,6 @@ def test_the_readme_loop_ends_its_steps_by_time_under_amb(tmp_path: Path, proces
     samples = [int(s["samples"]) for s in steps]
     assert max(samples) < 100_000 and summary["batch_exhausted_steps"] == 0, "T ended every step, not max_batch"
     assert len(set(samples)) > 1, f"b varies with the time the micro-batches took: {samples}"
-
-
-@dataclass
-class FakeClock:
-    """Time that passes only when the test says a micro-batch took it."""
-
-    t: float = 100.0
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
 
 
 def _order(budget: int, micro: int, time_budget_s: float = 0.0) -> pb.WorkOrder:
