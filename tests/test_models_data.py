@@ -121,6 +121,11 @@ def custom_module(tmp_path, monkeypatch):
         def not_a_model(input_shape, num_classes):
             return "nope"
 
+        def a_torch_module(input_shape, num_classes):
+            import torch
+
+            return torch.nn.Linear(4, num_classes)
+
         CONSTANT = 3
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -145,6 +150,8 @@ def test_bad_import_path(custom_module, spec):
 def test_import_path_must_return_a_model(custom_module):
     with pytest.raises(TypeError, match="keras.Model"):
         build_model(f"{custom_module}:not_a_model", (4,), 2)
+    with pytest.raises(TypeError, match="returned Linear, not a keras.Model; set model.framework: torch"):
+        build_model(f"{custom_module}:a_torch_module", (4,), 2)
 
 
 def test_unknown_model_lists_the_zoo():

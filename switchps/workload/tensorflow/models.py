@@ -148,7 +148,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     keras.utils.set_random_seed(seed)
     model = fn(input_shape=input_shape, num_classes=num_classes, **kwargs)
     if not isinstance(model, keras.Model):
-        raise TypeError(f"model {name!r} returned {type(model).__name__}, not a keras.Model")
+        hint = "; set model.framework: torch" if type(model).__module__.split(".")[0] == "torch" else ""
+        raise TypeError(f"model {name!r} returned {type(model).__name__}, not a keras.Model{hint}")
     if not model.built:
         model.build((None, *input_shape))
     return model
