@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 COLUMNS = ("unix_time", "role", "pid", "cpu_percent", "rss_mb", "net_sent_mb", "net_recv_mb", "host")
 """A row written before hosts were recorded lacks the last column."""
+HEADER = ",".join(COLUMNS) + "\n"
 
 
 class ResourceSampler:
@@ -39,9 +40,13 @@ class ResourceSampler:
         self.proc = psutil.Process()
         self.proc.cpu_percent()  # the first call only starts the measurement
         self._stop = threading.Event()
-        if not path.exists():
-            with path.open("a") as f:
-                f.write(",".join(COLUMNS) + "\n")
+        try:  # the header, by the one process that creates the file (a check, then a write, let two write it)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(HEADER)
         threading.Thread(target=self._loop, name="switchps-resources", daemon=True).start()
 
     def _loop(self) -> None:
@@ -62,12 +67,13 @@ class ResourceSampler:
 
 def read(path: Path) -> dict[str, dict[str, np.ndarray]]:
     """resources.csv by role: time, cpu_percent and rss_mb arrays, and ``host`` (its hosts' names, "" for a
-    row without one). Only whole lines are read: a torn last line, with no newline yet, is skipped."""
+    row without one). Only whole rows are read: a torn last line, with no newline yet, and headers are
+    skipped."""
     out: dict[str, dict[str, list]] = {}
-    for line in path.read_text().split("\n")[1:-1] if path.exists() else []:
+    for line in path.read_text().split("\n")[:-1] if path.exists() else []:
         parts = line.split(",")
-        if len(parts) not in (len(COLUMNS) - 1, len(COLUMNS)):
-            continue
+        if len(parts) not in (len(COLUMNS) - 1, len(COLUMNS)) or parts[0] == COLUMNS[0]:
+            continue  # a torn line, or a header (one that an older switchps wrote twice, anywhere)
         r = out.setdefault(parts[1], {"unix_time": [], "cpu_percent": [], "rss_mb": [], "host": []})
         for key in ("unix_time", "cpu_percent", "rss_mb"):
             r[key].append(float(parts[COLUMNS.index(key)]))

@@ -109,6 +109,7 @@ def test_resources_are_sampled_per_process_summarised_per_role_and_plotted(tmp_p
         time.sleep(0.05)
     for s in samplers:
         s.stop()
+    assert path.read_text().count(resources.HEADER) == 1, "one header, by the sampler that made the file"
     summary = resources.summary(path)
     assert summary is not None and set(summary) == {"ps", "worker-0"}
     assert all(r["rss_mb_peak"] >= r["rss_mb_mean"] > 10 and r["samples"] >= 1 for r in summary.values())
@@ -127,6 +128,7 @@ def test_hosts_are_the_distinct_hosts_in_whole_rows_and_older_rows_without_one_s
                     "1.0,worker-0,8,90.0,300.0,0,0,node-b\n"
                     "2.0,worker-0,9,80.0,310.0,0,0,node-c\n"  # restarted on another host
                     "1.0,evaluator,10,10.0,200.0,0,0\n"  # written before hosts were recorded
+                    + resources.HEADER +  # a second header (two processes once both made the file): skipped
                     "3.0,worker-1,11,70.0,300.0,0,0,node-")  # torn: no newline yet
     out = resources.in_summary(path)
     assert {role: r["hosts"] for role, r in out["resources"].items()} == {
