@@ -15,6 +15,7 @@ from switchps.protos.codec import COPIES
 from switchps.protos.layout import make_layout
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
+from switchps.ps_server import optimizers
 from switchps.ps_server.optimizers import make_optimizer
 from switchps.ps_server.schedules import make_schedule
 
@@ -37,10 +38,14 @@ def _values(snap: Snapshot) -> np.ndarray:
     return np.frombuffer(b"".join(_chunks(snap)), np.float32)
 
 
-def _store(size: int) -> ModelStore:
+def _published(snap: Snapshot) -> int:
+    return sum(c is not None for c in snap._chunks)
+
+
+def _store(size: int, threads: int = 1) -> ModelStore:
     """A store that updates a model of at most 64 KiB on the submitting thread (the default is 4 MiB)."""
     store = ModelStore(lambda n: make_optimizer("sgd", n, make_schedule("constant", 1.0)), chunk_bytes=CHUNK,
-                       inline_bytes=2**16)
+                       inline_bytes=2**16, threads=threads)
     store.initialize(make_layout([("w", (size,))]), np.zeros(size, np.float32))
     return store
 
@@ -57,6 +62,29 @@ def test_snapshot_readers_wait_for_each_chunk_in_order():
     snap.publish_until(flat, flat.size)
     reader.join(5)
     assert np.array_equal(np.frombuffer(b"".join(got), np.float32), flat)
+
+
+def test_chunks_completed_out_of_order_on_several_threads_are_each_copied_once():
+    flat = np.arange(20000, dtype=np.float32)  # 20 chunks of 1024 elements
+    snap = Snapshot(1, flat.nbytes, CHUNK)
+    ranges = [(i, min(i + 700, flat.size)) for i in range(0, flat.size, 700)]  # across chunk boundaries
+    got: list[bytes] = []
+    reader = threading.Thread(target=_chunks, args=(snap, got))
+    reader.start()
+    snap.ready(flat, *ranges[1])  # elements 700..1399: chunk 0 still lacks 0..699
+    wait_until(lambda: bool(snap._waiters), what="the reader to wait for chunk 0")
+    assert got == [] and _published(snap) == 0
+    made = COPIES.bytes_copied
+    rest = ranges[:1] + ranges[2:]
+    threads = [threading.Thread(target=lambda part=part: [snap.ready(flat, *r) for r in part])
+               for part in (rest[::-1][0::3], rest[::-1][1::3], rest[::-1][2::3])]  # from the end, interleaved
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    reader.join(5)
+    assert np.array_equal(np.frombuffer(b"".join(got), np.float32), flat)
+    assert COPIES.bytes_copied - made == flat.nbytes, "every chunk copied exactly once"
 
 
 def test_failed_update_is_raised_to_readers():
@@ -80,13 +108,15 @@ def test_submit_reserves_versions_in_order_and_applies_all():
     assert applied == [1.0] * 5
 
 
-def test_update_is_recorded_before_its_last_chunk_is_published():
-    store = _store(20000)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_update_is_recorded_before_its_last_chunk_is_published(monkeypatch, threads):
+    monkeypatch.setattr(optimizers, "BLOCK", 1500)  # blocks across chunks, on several threads
+    store = _store(20000, threads)
     seen_complete_at_record: list[int] = []
     holder: dict[str, Snapshot] = {}
 
     def on_applied(lr: float) -> None:
-        seen_complete_at_record.append(len(holder["snap"]._chunks))
+        seen_complete_at_record.append(_published(holder["snap"]))
 
     store.join(0, np.ones(20000, np.float32))
     holder["snap"] = store.submit(0, 1, on_applied=on_applied)
@@ -103,6 +133,26 @@ def test_a_small_models_items_run_on_the_submitting_thread_and_a_large_ones_on_t
         assert store.wait_idle(5)
         np.testing.assert_array_equal(_values(snap), np.full(size, -1.0))
     assert ran_on == [threading.current_thread().name, "switchps-applier"]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_a_threaded_store_publishes_the_same_bytes_as_one_thread(monkeypatch, name):
+    monkeypatch.setattr(optimizers, "BLOCK", 1500)
+    size, rng = 30001, np.random.default_rng(1)
+    grads = rng.standard_normal((3, 3, size)).astype(np.float32)  # 3 versions of 3 pushes
+    layout = make_layout([("w", (size - 7,))], [("moving_mean", (7,))])
+    published = []
+    for threads in (1, 4):
+        store = ModelStore(lambda n: make_optimizer(name, n, make_schedule("constant", 0.1)), chunk_bytes=CHUNK,
+                           inline_bytes=0, threads=threads)
+        store.initialize(layout, np.zeros(size, np.float32))
+        for version, pushes in enumerate(grads):
+            for g in pushes:
+                store.join(version, g.copy())
+            snap = store.submit(version, 10, contributors=3)
+        published.append(np.frombuffer(b"".join(_chunks(snap)), np.uint32))
+        assert store.wait_idle(5)
+    assert np.array_equal(*published)
 
 
 def test_a_small_models_item_never_overtakes_one_queued_before_it():
@@ -133,7 +183,7 @@ def test_an_inline_update_defers_its_chunks_and_a_reply_copies_its_values_straig
     out = np.zeros(1000, np.float32)
     assert snap.deferred(lambda values: np.copyto(out, values) or True)
     np.testing.assert_array_equal(out, np.full(1000, -1.0))
-    assert snap._chunks == [] and COPIES.bytes_copied == made, "no chunks were made"
+    assert _published(snap) == 0 and COPIES.bytes_copied == made, "no chunks were made"
 
 
 def test_a_deferred_snapshot_still_held_keeps_its_version_when_the_next_update_comes():

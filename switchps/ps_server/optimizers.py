@@ -10,17 +10,24 @@ rounding where Keras has two), and SGD folds a sum's ``1 / samples`` into its ra
 
 All updates run in place over blocks of ``BLOCK`` elements, so the per-step
 temporaries (one block-sized scratch buffer plus the gradient itself, which is
-used as scratch) stay in cache and no full-size temporary is allocated.
+used as scratch) stay in cache and no full-size temporary is allocated. With
+several threads (``lanes.Lanes``, ``runtime.ps_threads``) the same blocks are
+updated on several threads, each with its own scratch buffer: every update is
+elementwise and its per-step scalars (the rate, Adam's bias-corrected step) are
+computed once before the blocks, so the results are bit-identical to one thread's.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+from scipy.linalg import cython_blas
 from scipy.linalg.blas import saxpy
 
+from switchps.ps_server.lanes import SERIAL, Lanes
 from switchps.ps_server.schedules import LRSchedule, make_schedule
 
 if TYPE_CHECKING:
@@ -30,6 +37,36 @@ BLOCK = 131072
 """Elements per block (512 KiB per float32 array), read when an optimizer is created."""
 
 _f32 = np.float32
+Axpy = Callable[[np.ndarray, np.ndarray, np.float32], None]
+"""``axpy(x, y, a)``: ``y += a * x`` in place, BLAS's one pass."""
+
+
+def _axpy_holding_gil(x: np.ndarray, y: np.ndarray, a: np.float32) -> None:
+    saxpy(x, y, a=a)
+
+
+def _axpy_releasing_gil() -> Axpy:
+    """The same BLAS ``saxpy`` as ``_axpy_holding_gil`` (scipy's, through its Cython table), called through
+    ctypes, which releases the GIL for the call: scipy's wrapper holds it, so plain SGD on two threads
+    ran one block at a time (2 threads: 1.16x one thread's time, 131,072 elements in cache). The ctypes
+    call costs some 6 us more, so one thread keeps scipy's wrapper."""
+    api = ctypes.PyDLL(None)  # Python's own C API, with function objects of our own to declare
+    api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    capsule = cython_blas.__pyx_capi__["saxpy"]  # type: ignore[attr-defined]
+    int_p, float_p = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_float)
+    kernel = ctypes.CFUNCTYPE(None, int_p, float_p, ctypes.c_void_p, int_p, ctypes.c_void_p, int_p)(
+        api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule)))
+    one = ctypes.c_int(1)
+
+    def axpy(x: np.ndarray, y: np.ndarray, a: np.float32) -> None:
+        assert x.size == y.size and x.flags.c_contiguous and y.flags.c_contiguous and y.flags.writeable
+        kernel(ctypes.c_int(x.size), ctypes.c_float(a), x.ctypes.data, one, y.ctypes.data, one)
+    return axpy
+
+
+_axpy_threaded = _axpy_releasing_gil()
 
 
 class Optimizer:
@@ -44,7 +81,9 @@ class Optimizer:
     Subclasses declare ``defaults`` (accepted hyper-parameters), ``first_moments``
     (state rescaled by :meth:`scale_state`) and implement ``_slots`` (state
     arrays and their initial values) and ``_update`` (one block), optionally
-    ``_step_size`` (per-step scalar derived from the learning rate).
+    ``_step_size`` (per-step scalar derived from the learning rate). ``_update`` runs on
+    several threads at once for disjoint blocks (see ``steps``): it touches nothing but
+    its blocks, its scratch and read-only attributes.
     """
 
     name: ClassVar[str]
@@ -71,7 +110,8 @@ class Optimizer:
         self.last_lr = 0.0
         self.state = {key: np.full(size, init, np.float32) for key, init in self._slots().items()}
         self._block = BLOCK
-        self._scratch = np.empty(min(size, BLOCK), np.float32)
+        self._scratch = [np.empty(min(size, BLOCK), np.float32)]  # one per lane
+        self._axpy: Axpy = _axpy_holding_gil
 
     def _validate(self) -> None:
         for key in ("momentum", "rho"):
@@ -112,9 +152,9 @@ class Optimizer:
             pass
         return self.last_lr
 
-    def steps(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0,
-              grad_scale: float = 1.0) -> Iterator[int]:
-        """Apply one update in place to ``params`` block by block, yielding the end of each block once
+    def steps(self, params: np.ndarray, grad: np.ndarray, lr_factor: float = 1.0, grad_scale: float = 1.0,
+              lanes: Lanes = SERIAL, done: Callable[[int, int], None] | None = None) -> Iterator[int]:
+        """Apply one update in place to ``params`` block by block, yielding increasing ends once
         ``params[:end]`` holds its final values (a caller can publish finished parts meanwhile).
 
         ``params`` must be a C-contiguous 1-D float32 array of ``size`` elements.
@@ -124,7 +164,9 @@ class Optimizer:
         ``1 / (1 + staleness)``), is kept as ``last_lr``; ``iterations`` is incremented
         afterwards. ``grad_scale`` multiplies the gradient block by block first (or folds
         into the step size, ``folds_scale``), so a summed gradient becomes a mean without a
-        separate pass over memory.
+        separate pass over memory. ``lanes``: the threads the blocks run on (``Lanes.run``; the same
+        results on any number); ``done(start, stop)`` runs on the thread that finished a block, right
+        after it, e.g. to copy it out while it is in that core's cache.
         """
         if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
             raise ValueError(
@@ -137,14 +179,19 @@ class Optimizer:
             grad = np.array(grad, dtype=np.float32)
         self.last_lr = lr = self.learning_rate() * lr_factor
         step_size = self._step_size(_f32(lr * grad_scale if self.folds_scale else lr))
-        scale_blocks = grad_scale != 1.0 and not self.folds_scale
-        for start in range(0, self.size, self._block):
-            block = slice(start, min(start + self._block, self.size))
-            n = block.stop - start
-            if scale_blocks:
-                np.multiply(grad[block], _f32(grad_scale), out=grad[block])
-            self._update(params[block], grad[block], self._scratch[:n], step_size, block)
-            yield block.stop
+        scale = _f32(grad_scale) if grad_scale != 1.0 and not self.folds_scale else None
+        while len(self._scratch) < lanes.threads:
+            self._scratch.append(np.empty_like(self._scratch[0]))
+        self._axpy = _axpy_holding_gil if lanes.threads == 1 else _axpy_threaded
+
+        def work(lane: int, block: slice) -> None:
+            if scale is not None:
+                np.multiply(grad[block], scale, out=grad[block])
+            self._update(params[block], grad[block], self._scratch[lane][:block.stop - block.start], step_size,
+                         block)
+            if done is not None:
+                done(block.start, block.stop)
+        yield from lanes.run(self.size, self._block, work)
         self.iterations += 1
 
     def reset_state(self) -> None:
@@ -201,7 +248,7 @@ class SGD(Optimizer):
     def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, lr: np.float32,
                 block: slice) -> None:
         if not self.state:  # BLAS's p += (-lr) g: one pass, not numpy's two (g *= lr; p -= g)
-            saxpy(g, p, a=-lr)
+            self._axpy(g, p, -lr)
             return
         np.multiply(g, lr, out=g)
         mom = _f32(self.hyper["momentum"])
@@ -361,12 +408,14 @@ def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: f
 
 
 def apply_update(optimizer: Optimizer, values: np.ndarray, trainable: int, grad: np.ndarray, samples: int,
-                 contributors: int, lr_factor: float = 1.0) -> Iterator[int]:
+                 contributors: int, lr_factor: float = 1.0, lanes: Lanes = SERIAL,
+                 done: Callable[[int, int], None] | None = None) -> Iterator[int]:
     """The update rule of every driver: ``grad`` is an aggregate's sum (Σ gradient over ``samples``, then the
     sum of ``contributors`` workers' non-trainable state); the optimizer steps the ``trainable`` parameters
-    by the mean gradient, block by block, yielding the end of each finished block (``Optimizer.steps``),
-    and the state becomes the contributors' mean. ``grad`` is overwritten (scratch)."""
+    by the mean gradient, block by block on ``lanes``, yielding the ends of the finished prefix and calling
+    ``done`` per block (``Optimizer.steps``), and the state becomes the contributors' mean (on the
+    caller's thread, after the blocks). ``grad`` is overwritten (scratch)."""
     n = trainable
-    yield from optimizer.steps(values[:n], grad[:n], lr_factor, grad_scale=1.0 / samples)
+    yield from optimizer.steps(values[:n], grad[:n], lr_factor, 1.0 / samples, lanes, done)
     if n < values.size:
         np.multiply(grad[n:], np.float32(1.0 / contributors), out=values[n:])

@@ -3,10 +3,15 @@ it runs, or deferred until someone reads them (after an update run inline: see `
 of a version shares its one ``Snapshot``; no lock is held while the chunks stream out.
 
 Concurrency: chunks are published by whichever thread runs the store's item (the applier, or the event
-loop for an inline update); readers await them on their own event loops, woken with
-``call_soon_threadsafe``. ``_lock`` guards the chunks, the failure, the waiters and whether the
-snapshot is deferred; the store's lock (``store_lock``, ``ModelStore.lock``) is held while a deferred
-snapshot's values are used or settled. Lock order: the store's lock, then ``_lock``.
+loop for an inline update), and with a threaded apply (``runtime.ps_threads``) by the apply's threads
+too: ``ready`` may run on several threads at once for disjoint element ranges, and each chunk is copied
+exactly once, outside the lock, by the thread whose range completes it, so a block's chunk is made
+on the core that just updated it. ``publish_until`` is ``ready`` of what it was not given before, for
+one thread at a time; a snapshot's elements are each marked ready once, by one of the two. Readers
+await the chunks in order on their own event loops, woken with ``call_soon_threadsafe``. ``_lock``
+guards the chunks, what is missing of each, the failure, the waiters and whether the snapshot is
+deferred; the store's lock (``store_lock``, ``ModelStore.lock``) is held while a deferred snapshot's
+values are used or settled. Lock order: the store's lock, then ``_lock``.
 """
 
 from __future__ import annotations
@@ -34,8 +39,11 @@ class Snapshot:
         self.version = version
         self.nbytes = nbytes
         self.chunk_bytes = max(chunk_bytes, nbytes) if nbytes <= INLINE_BYTES else chunk_bytes  # inline = 1 chunk
-        self._chunks: list[bytes] = []
         self._total = -(-nbytes // self.chunk_bytes)
+        self._chunks: list[bytes | None] = [None] * self._total
+        self._missing = [min(self.chunk_bytes, nbytes - i * self.chunk_bytes) for i in range(self._total)]
+        """Bytes of each chunk not yet ready."""
+        self._until = 0  # elements ``publish_until`` has marked ready
         self._failed: BaseException | None = None
         self._lock = threading.Lock()  # guards the chunks, the failure, the waiters and ``_source`` is set
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -49,18 +57,31 @@ class Snapshot:
         return snap
 
     def publish_until(self, flat: np.ndarray, end: int) -> None:
-        """Publish every whole chunk of ``flat`` that lies below element ``end`` (all of it at the end)."""
+        """Publish every whole chunk of ``flat`` that lies below element ``end`` (all of it at the end);
+        ``end`` grows from call to call."""
+        end = min(end, flat.size)
+        if end > self._until:
+            self.ready(flat, self._until, end)
+            self._until = end
+
+    def ready(self, flat: np.ndarray, start: int, stop: int) -> None:
+        """Elements ``[start, stop)`` of ``flat`` hold this version: publish each chunk this completes
+        (thread-safe for disjoint ranges: see the module docstring)."""
+        lo, hi, size = start * 4, stop * 4, self.chunk_bytes
+        if hi <= lo:
+            return
+        complete = []
+        with self._lock:
+            for i in range(lo // size, -(-hi // size)):
+                self._missing[i] -= min(hi, (i + 1) * size) - max(lo, i * size)
+                if self._missing[i] == 0:
+                    complete.append(i)
         raw = flat.view(np.uint8)
-        limit = raw.size if end >= flat.size else end * 4
-        while len(self._chunks) < self._total:
-            lo = len(self._chunks) * self.chunk_bytes
-            hi = min(lo + self.chunk_bytes, raw.size)
-            if hi > limit:
-                return
-            chunk = raw[lo:hi].tobytes()
-            COPIES.add(len(chunk))
+        for i in complete:
+            chunk = raw[i * size : min((i + 1) * size, raw.size)].tobytes()
             with self._lock:
-                self._chunks.append(chunk)
+                COPIES.add(len(chunk))
+                self._chunks[i] = chunk
                 self._wake()
 
     def defer(self, values: np.ndarray) -> None:
@@ -101,7 +122,7 @@ class Snapshot:
                 with self._lock:
                     if self._failed is not None:
                         raise RuntimeError(f"update to version {self.version} failed") from self._failed
-                    chunk = self._chunks[i] if i < len(self._chunks) else None
+                    chunk = self._chunks[i]
                     deferred = self._source is not None
                     if chunk is None and not deferred:
                         fut: asyncio.Future[None] = loop.create_future()

@@ -20,6 +20,12 @@ reference tells), which saves a pass over the values per push. ``ModelStore.lock
 the latest snapshot and a deferred snapshot's values; each ``Snapshot``'s ``_lock`` guards its chunks;
 ``_idle`` is the condition "no item pending". Lock order: ``_writing``, ``lock``, a snapshot's
 ``_lock``; ``_idle`` is never held with another.
+
+With ``threads`` > 1 (``runtime.ps_threads``), an item on the applier spreads its blocks over the store's
+``lanes`` (the applier and a pool made once): an update's blocks, each chunk of the new version copied by
+the thread whose block completes it (``Snapshot.ready``), and a join's additions. The item still runs
+alone under ``_writing`` and returns once every block is done. A model of at most ``inline_bytes``
+keeps one thread.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import DEFAULT_CHUNK_BYTES, WHOLE_BYTES
 from switchps.protos.layout import trainable_size
 from switchps.refusals import invalid, precondition
+from switchps.ps_server.lanes import SERIAL, Lanes
 from switchps.ps_server.optimizers import Optimizer, apply_update
 from switchps.ps_server.receiving import BufferPool, Slots
 from switchps.ps_server.snapshot import Snapshot
@@ -64,12 +71,14 @@ class ModelStore:
     """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 workers: int = 8, inline_bytes: int = WHOLE_BYTES) -> None:
+                 workers: int = 8, inline_bytes: int = WHOLE_BYTES, threads: int = 1) -> None:
         """``workers``: the run's, each of which may hold ``EACH`` payloads at once (``slots``), with
         workers + 1 free buffers kept for reuse; ``inline_bytes``: models up to this size run their items
-        on the submitting thread (see the module docstring); 0: always on the applier."""
+        on the submitting thread (see the module docstring); 0: always on the applier; ``threads``: an
+        item's blocks run on this many threads (``lanes``)."""
         self._make_optimizer = make_optimizer
         self.chunk_bytes, self.inline_bytes = chunk_bytes, inline_bytes
+        self.lanes = Lanes(threads)
         self.slots = Slots(workers)  # the event loop's; kept across ``initialize``, which replaces the pool
         self.lock = threading.Lock()
         self.layout = pb.Layout()
@@ -113,7 +122,7 @@ class ModelStore:
         self._enqueue(partial(self._join, aggregate_id, grad))
 
     def _join(self, aggregate_id: int, grad: np.ndarray) -> None:
-        freed = self.sums.join(aggregate_id, grad)
+        freed = self.sums.join(aggregate_id, grad, self._lanes())
         if freed is not None:
             self.recycle(freed)
 
@@ -197,19 +206,25 @@ class ModelStore:
         values, snap, grad = self.values, u.snapshot, self.sums.take(u.aggregate_id)
         per_chunk = snap.chunk_bytes // 4
         last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
-        for end in apply_update(self.optimizer, values, self.trainable, grad, u.samples, u.contributors,
-                                u.lr_factor):
-            if not inline:
-                snap.publish_until(values, min(end, last))
+
+        def publish(start: int, stop: int) -> None:  # on the thread that updated the block
+            snap.ready(values, start, min(stop, last))
+        for _ in apply_update(self.optimizer, values, self.trainable, grad, u.samples, u.contributors,
+                              u.lr_factor, self._lanes(), None if inline else publish):
+            pass
         self.buffers.put(grad)
         if u.on_applied:
             u.on_applied(self.optimizer.last_lr)
         if not inline:
-            snap.publish_until(values, values.size)
+            snap.ready(values, min(last, self.trainable), values.size)
             return
         with self.lock:
             snap.defer(values)
             self._deferred = weakref.ref(snap)
+
+    def _lanes(self) -> Lanes:
+        """The threads an item runs its blocks on: one for a model small enough to run inline."""
+        return self.lanes if self.nbytes > self.inline_bytes else SERIAL
 
     def _settle(self) -> None:
         """Before values change: the last deferred snapshot's chunks, if anyone still holds it."""

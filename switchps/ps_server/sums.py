@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from switchps.ps_server.lanes import SERIAL, Lanes
+from switchps.ps_server.optimizers import BLOCK
+
 
 class Sums:
     """The open aggregates' gradient sums, by the aggregate ids of the core's ``Join`` actions.
@@ -19,13 +22,14 @@ class Sums:
     def __init__(self) -> None:
         self.open: dict[int, np.ndarray] = {}
 
-    def join(self, aggregate_id: int, grad: np.ndarray) -> np.ndarray | None:
-        """Add ``grad`` into the aggregate's sum; returns ``grad`` when its buffer is free again."""
+    def join(self, aggregate_id: int, grad: np.ndarray, lanes: Lanes = SERIAL) -> np.ndarray | None:
+        """Add ``grad`` into the aggregate's sum (in blocks on ``lanes``' threads: the same sums);
+        returns ``grad`` when its buffer is free again."""
         total = self.open.get(aggregate_id)
         if total is None:
             self.open[aggregate_id] = grad
             return None
-        np.add(total, grad, out=total)
+        lanes.each(total.size, BLOCK, lambda _, b: np.add(total[b], grad[b], out=total[b]))
         return grad
 
     def take(self, aggregate_id: int) -> np.ndarray:

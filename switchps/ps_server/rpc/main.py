@@ -17,6 +17,7 @@ from switchps.resources import ResourceSampler
 from switchps.protos.heap import one_arena
 from switchps.ps_server.checkpoint import Checkpoint
 from switchps.ps_server.checkpointer import MANIFEST_WAIT_S, Checkpointer, Parts, record_position, restore
+from switchps.ps_server.lanes import ps_threads
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.store import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
@@ -36,7 +37,8 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
     """The PS for ``cfg``: a core, a model store and a run record, driven by the gRPC service; with
     ``resume``, continued from that checkpoint."""
     one_arena()  # before the PS's threads first allocate, so that the heap they free can be trimmed
-    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers)
+    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers,
+                       threads=ps_threads(cfg.runtime.ps_threads, cfg.cluster.shards))
     core = build_core(cfg)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
     clock = time.monotonic  # the core's times and the record's are on the driver's one clock

@@ -14,6 +14,7 @@ from switchps.jsonfile import write_json
 from switchps.protos.heap import one_arena
 from switchps.ps_server.shard.follower import Follower
 from switchps.ps_server.rpc.main import bind_server
+from switchps.ps_server.lanes import ps_threads
 from switchps.ps_server.store import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
 from switchps.ps_server.shard.checkpoint import part_dir
@@ -39,7 +40,8 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     away before training is over."""
     one_arena()
     run_dir.mkdir(parents=True, exist_ok=True)
-    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers)
+    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers,
+                       threads=ps_threads(cfg.runtime.ps_threads, cfg.cluster.shards, shard))
     follower = Follower(shard, len(cfg.cluster.shards), leader, client_security(cfg, "shard", shard), store,
                         cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s, part_dir(run_dir, shard),
                         cfg.checkpoint.keep, workers=cfg.cluster.num_workers)
