@@ -97,9 +97,9 @@ class RuntimeSpec(Section):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Expose Prometheus metrics from the PS on this port."""
     ps_threads: Annotated[int, Field(ge=1, le=MAX_THREADS)] | Literal["auto"] = "auto"
-    """Threads each PS process (each shard) applies an update on, block by block (bit-identical results on
-    any number). auto: 1 with fewer than 8 usable cores per PS process on the host (the PS's shards on one
-    host share its cores), else half of them, at most 8 (``ps_server.lanes.auto_threads``)."""
+    """Threads (1 to 256) each PS process, each shard, applies an update and joins pushes on, block by
+    block, with bit-identical results on any number. auto: 1 with fewer than 8 usable cores per PS process
+    on the host (the shards on one host share its cores), else half of them, at most 8."""
     shared_memory: bool = True
     """A worker on the PS's host pushes through a shared-memory segment, not gRPC bytes (others cannot)."""
     shard_max_mb: float = Field(4.0, gt=0, le=2**20)
