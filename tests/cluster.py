@@ -124,7 +124,8 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
                   policy: dict | None = None, link_mbit_s: float | None = None,
                   receive_timeout_s: float = 30.0, state: int = 0, checkpoint: dict | None = None,
                   resume: bool = False, security: ServerSecurity = ServerSecurity(),
-                  tls: TLSSpec | None = None, max_grad_norm: float | None = None) -> LiveCluster:
+                  tls: TLSSpec | None = None, max_grad_norm: float | None = None,
+                  ps_threads: int | str = "auto") -> LiveCluster:
     """A real PS on loopback with ``workers`` fake workers holding ``size`` parameters and ``state``
     non-trainable values (pushed after the gradient, averaged per update). With ``security`` the PS
     checks tokens (and serves TLS); each fake worker holds its own token and ``tls`` client files."""
@@ -135,7 +136,7 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
         "train": train or {"steps": 10_000},
         "policy": policy or {},
         "network": {"ps_link_mbit_s": link_mbit_s},
-        "runtime": {"receive_timeout_s": receive_timeout_s, "max_grad_norm": max_grad_norm},
+        "runtime": {"receive_timeout_s": receive_timeout_s, "max_grad_norm": max_grad_norm, "ps_threads": ps_threads},
         "checkpoint": checkpoint or {},
     }
     cfg = parse_config(raw)

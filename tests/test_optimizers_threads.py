@@ -15,6 +15,8 @@ from switchps.ps_server.lanes import Lanes, _Round, auto_threads, ps_threads
 from switchps.ps_server.schedules import make_schedule
 from switchps.ps_server.sums import Sums
 
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
+
 BLOCK = O.BLOCK  # the real block: arrays large enough that NumPy releases the GIL
 TRAINABLE, SIZE = 5 * BLOCK + 123, 5 * BLOCK + 130  # a partial last block, then 7 elements of state
 CASES = [("sgd", {}), ("sgd", {"momentum": 0.5}), ("momentum", {}), ("nesterov", {}), ("rmsprop", {}),
@@ -125,3 +127,18 @@ def test_ps_threads_counts_the_shards_on_this_shards_host(monkeypatch):
     assert RuntimeSpec().ps_threads == "auto"
     with pytest.raises(ValueError):
         RuntimeSpec(ps_threads=0)
+
+
+def test_a_ps_applying_on_two_threads_replies_with_the_bytes_of_one(cluster_factory):
+    size, rng = 8 * BLOCK + 5, np.random.default_rng(11)  # 4.2 MB: above the 4 MiB a model runs inline
+    grads = rng.standard_normal((2, 2, size + 3)).astype(np.float32)  # 2 BSP rounds of 2 workers
+    replies = []
+    for threads in (1, 2):
+        c = cluster_factory(workers=2, size=size, state=3, ps_threads=threads,
+                            optimizer={"name": "adam", "learning_rate": 0.01})
+        assert c.store.lanes.threads == threads
+        for pushes in grads:  # two pushes sum to the same bits in either order
+            got = [p.result() for p in [w.push_async(g, 4) for w, g in zip(c.workers, pushes)]]
+        replies.append([_bits(r.values).copy() for r in got])
+    assert np.array_equal(replies[0][0], replies[0][1]) and np.array_equal(replies[0][0], replies[1][0])
+    assert np.array_equal(replies[1][0], replies[1][1]) and np.count_nonzero(replies[0][0]) == size + 3

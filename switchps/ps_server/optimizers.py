@@ -54,7 +54,7 @@ def _axpy_releasing_gil() -> Axpy:
     api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
     api.PyCapsule_GetPointer.restype = ctypes.c_void_p
     api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    capsule = cython_blas.__pyx_capi__["saxpy"]  # type: ignore[attr-defined]
+    capsule = cython_blas.__pyx_capi__["saxpy"]
     int_p, float_p = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_float)
     kernel = ctypes.CFUNCTYPE(None, int_p, float_p, ctypes.c_void_p, int_p, ctypes.c_void_p, int_p)(
         api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule)))
@@ -62,7 +62,7 @@ def _axpy_releasing_gil() -> Axpy:
 
     def axpy(x: np.ndarray, y: np.ndarray, a: np.float32) -> None:
         assert x.size == y.size and x.flags.c_contiguous and y.flags.c_contiguous and y.flags.writeable
-        kernel(ctypes.c_int(x.size), ctypes.c_float(a), x.ctypes.data, one, y.ctypes.data, one)
+        kernel(ctypes.c_int(x.size), ctypes.c_float(float(a)), x.ctypes.data, one, y.ctypes.data, one)
     return axpy
 
 
