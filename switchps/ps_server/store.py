@@ -25,7 +25,9 @@ With ``threads`` > 1 (``runtime.ps_threads``), an item on the applier spreads it
 ``lanes`` (the applier and a pool made once): an update's blocks, each chunk of the new version copied by
 the thread whose block completes it (``Snapshot.ready``), and a join's additions. The item still runs
 alone under ``_writing`` and returns once every block is done. A model of at most ``inline_bytes``
-keeps one thread.
+keeps one thread. The gradient's finiteness check stays where it is, in the receiving pass on the event
+loop (``codec.PayloadWriter``): a non-finite push must be refused before it joins a sum, long before the
+apply's pass.
 """
 
 from __future__ import annotations
