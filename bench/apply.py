@@ -1,12 +1,13 @@
 """The PS's apply on 1 and more threads (``runtime.ps_threads``), side by side: ms per update of a
 ResNet-18-sized model (11.2M float32 parameters, 42.7 MB) as the store's applier runs it, the new
 version's chunks copied out as the blocks finish (``Snapshot.ready``), with BLAS on one thread as in the
-PS; and ``join``, adding one push into a sum (BSP's joins). The thread counts alternate in blocks (ABBA:
-each block runs them in order, the next in reverse); each block's median of ``--reps`` updates, and
-one thread's time over n threads' paired by block (the speedup: its geometric mean and 95 % t interval).
+PS (``--no-publish``: the update alone); and ``join``, adding one push into a sum (BSP's joins). The
+thread counts alternate in blocks (ABBA: each block runs them in order, the next in reverse); each
+block's median of ``--reps`` updates, and one thread's time over n threads' paired by block (the
+speedup: its geometric mean and 95 % t interval).
 
     python bench/apply.py [--work sgd momentum adam join] [--threads 1 2] [--params 11173962]
-                          [--blocks 8] [--reps 5]
+                          [--blocks 8] [--reps 5] [--no-publish]
 
 Prints JSON.
 """
@@ -34,8 +35,9 @@ RESNET18_PARAMS = 11_173_962
 """ResNet-18 with a CIFAR stem: 42.7 MiB of float32 (issue 45's model)."""
 
 
-def updater(work: str, size: int, lanes: Lanes) -> Callable[[], float]:
-    """One timed update (ms) of ``work`` on ``lanes``: a fresh gradient each time (copied in untimed)."""
+def updater(work: str, size: int, lanes: Lanes, publish: bool = True) -> Callable[[], float]:
+    """One timed update (ms) of ``work`` on ``lanes``: a fresh gradient each time (copied in untimed); with
+    ``publish``, the new version's chunks copied out as the store's applier does."""
     rng = np.random.default_rng(0)
     values = rng.standard_normal(size).astype(np.float32)
     pristine = (rng.standard_normal(size) * 1e-3).astype(np.float32)
@@ -57,7 +59,7 @@ def updater(work: str, size: int, lanes: Lanes) -> Callable[[], float]:
         snap = Snapshot(1, values.nbytes, DEFAULT_CHUNK_BYTES)
         t0 = time.perf_counter()
         for _ in apply_update(opt, values, size, grad, 32, 1, lanes=lanes,
-                              done=lambda lo, hi: snap.ready(values, lo, hi)):
+                              done=(lambda lo, hi: snap.ready(values, lo, hi)) if publish else None):
             pass
         return (time.perf_counter() - t0) * 1e3
     return update
@@ -70,13 +72,15 @@ def main() -> None:
     ap.add_argument("--params", type=int, default=RESNET18_PARAMS)
     ap.add_argument("--blocks", type=int, default=8, help="per thread count (even: ABBA pairs)")
     ap.add_argument("--reps", type=int, default=5, help="updates per block (its median)")
+    ap.add_argument("--no-publish", dest="publish", action="store_false", help="time the update alone")
     args = ap.parse_args()
     threadpool_limits(1, user_api="blas")  # as the PS (rpc/server.py)
     lanes = {n: Lanes(n) for n in args.threads}
-    out: dict[str, object] = {"params": args.params, "mb": args.params * 4 / 1e6, "cores": len(os.sched_getaffinity(0)),
-                              "threads": args.threads, "blocks": args.blocks, "reps": args.reps, "work": {}}
+    out: dict[str, object] = {"params": args.params, "mb": args.params * 4 / 1e6,
+                              "cores": len(os.sched_getaffinity(0)), "threads": args.threads, "blocks": args.blocks,
+                              "reps": args.reps, "publish": args.publish, "work": {}}
     for work in args.work:
-        run = {n: updater(work, args.params, lanes[n]) for n in args.threads}
+        run = {n: updater(work, args.params, lanes[n], args.publish) for n in args.threads}
         for n in args.threads:
             run[n]()  # warm: pages, scratch, pool threads
         medians: dict[int, list[float]] = {n: [] for n in args.threads}
