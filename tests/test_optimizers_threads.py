@@ -4,6 +4,11 @@ bytes one thread gives, ``steps`` still yields a finished prefix, a failing bloc
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -142,3 +147,15 @@ def test_a_ps_applying_on_two_threads_replies_with_the_bytes_of_one(cluster_fact
         replies.append([_bits(r.values).copy() for r in got])
     assert np.array_equal(replies[0][0], replies[0][1]) and np.array_equal(replies[0][0], replies[1][0])
     assert np.array_equal(replies[1][0], replies[1][1]) and np.count_nonzero(replies[0][0]) == size + 3
+
+
+def test_the_apply_benchmark_runs_and_pairs_each_thread_count_with_one():
+    bench = Path(__file__).resolve().parent.parent / "bench" / "apply.py"
+    out = subprocess.run([sys.executable, str(bench), "--params", "300001", "--threads", "1", "2", "--blocks", "2",
+                          "--reps", "1", "--work", "sgd", "adam", "join"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result["work"]) == {"sgd", "adam", "join"}
+    for work in result["work"].values():
+        assert work["1"]["speedup"]["geomean"] == 1.0 and work["1"]["ms"]["n"] == 2
+        assert work["2"]["speedup"]["n"] == 2 and work["2"]["ms"]["mean"] > 0
