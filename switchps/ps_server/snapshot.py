@@ -17,6 +17,7 @@ values are used or settled. Lock order: the store's lock, then ``_lock``.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import threading
 from typing import AsyncIterator, Callable, TypeVar
 
@@ -25,6 +26,21 @@ import numpy as np
 from switchps.protos.codec import COPIES, INLINE_BYTES
 
 T = TypeVar("T")
+
+_api = ctypes.PyDLL(None)  # Python's own C API, with function objects of our own to declare
+_new_bytes = _api.PyBytes_FromStringAndSize
+_new_bytes.restype, _new_bytes.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+
+
+def _copy_out(raw: np.ndarray) -> bytes:
+    """``raw.tobytes()`` with the GIL released for the copy, so the apply's threads copy their chunks at
+    once: a new bytes object, no one else's yet, filled by ``ctypes.memmove`` (a foreign call: ctypes
+    releases the GIL), where ``tobytes`` copies holding it (a 2 MiB chunk, page faults included, took
+    0.4 ms here: 8 ms of the GIL per 42.7 MB version)."""
+    assert raw.dtype == np.uint8 and raw.flags.c_contiguous
+    out = _new_bytes(None, raw.size)
+    ctypes.memmove(ctypes.c_char_p(out), raw.ctypes.data, raw.size)
+    return out
 
 
 class Snapshot:
@@ -78,7 +94,7 @@ class Snapshot:
                     complete.append(i)
         raw = flat.view(np.uint8)
         for i in complete:
-            chunk = raw[i * size : min((i + 1) * size, raw.size)].tobytes()
+            chunk = _copy_out(raw[i * size : min((i + 1) * size, raw.size)])
             with self._lock:
                 COPIES.add(len(chunk))
                 self._chunks[i] = chunk
