@@ -96,10 +96,10 @@ class Copies:
         if torch.from_numpy(array).is_pinned():
             return None
         owner, start, nbytes = _memory(array)
-        error = int(self.cuda.cudart().cudaHostRegister(start, nbytes, 0))
-        if error:  # CUDA keeps it as its last error too, which a later kernel launch would raise unexplained
+        status = self.cuda.cudart().cudaHostRegister(start, nbytes, 0)  # a cudaError (an enum)
+        if int(status):  # CUDA keeps it as its last error too, which a later kernel launch would raise unexplained
             raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of host memory failed: "
-                               f"{self.cuda.cudart().cudaGetErrorString(error)} (error {error})")
+                               f"{self.cuda.cudart().cudaGetErrorString(status)} (error {int(status)})")
         self._registered[start] = (start + nbytes, owner)
         return start
 
