@@ -156,3 +156,11 @@ def test_a_failed_registration_is_raised_with_cuda_s_reason() -> None:
     copies = Copies(torch.device("cpu"), FakeCuda(error=712))
     with pytest.raises(RuntimeError, match="already mapped"):
         copies.download(torch.zeros(4), aligned_empty(4))
+
+
+def test_a_vector_over_a_tensor_s_memory_is_locked_as_the_whole_array_over_it() -> None:
+    """A tensor exports no buffer: the ndarray over all of it (``Tensor.numpy``) is what is registered."""
+    cuda = FakeCuda()
+    whole = torch.zeros(16).numpy()
+    Copies(torch.device("cpu"), cuda).download(torch.ones(12), whole[4:])
+    assert calls(cuda.log, "register") == [("register", whole.ctypes.data, 64, 0)] and whole.sum() == 12

@@ -116,11 +116,14 @@ class Copies:
 
 def _memory(array: np.ndarray) -> tuple[object, int, int]:
     """The object owning ``array``'s memory, and the address and length of all of it: a mapping's whole
-    length for a view of a segment (``np.frombuffer`` of an ``mmap``), the first ndarray's otherwise."""
+    length for a view of a segment (``np.frombuffer`` of an ``mmap``), the first ndarray's otherwise (or the
+    array's own, over memory that is no buffer, a tensor's)."""
     owner = array
     while isinstance(owner.base, np.ndarray):
         owner = owner.base
-    if owner.base is None:
+    base: Any = owner.base
+    try:
+        whole = np.frombuffer(base, np.uint8)
+    except TypeError:  # no base (the ndarray owns its memory), or one that exports no buffer
         return owner, owner.ctypes.data, owner.nbytes
-    whole = np.frombuffer(owner.base, np.uint8)
-    return owner.base, whole.ctypes.data, whole.nbytes
+    return base, whole.ctypes.data, whole.nbytes
