@@ -164,3 +164,34 @@ def test_a_vector_over_a_tensor_s_memory_is_locked_as_the_whole_array_over_it() 
     whole = torch.zeros(16).numpy()
     Copies(torch.device("cpu"), cuda).download(torch.ones(12), whole[4:])
     assert calls(cuda.log, "register") == [("register", whole.ctypes.data, 64, 0)] and whole.sum() == 12
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not available(), reason="no GPU here (CI): run on a GPU host")
+def test_on_a_gpu_the_payload_and_values_cross_through_page_locked_memory() -> None:
+    """On a real GPU: a step at a segment's staged values pushes the CPU's payload (to TF32's precision) from
+    the segment's gradient area, both areas page-locked until ``close``; the reply buffer and a payload with
+    no segment are pinned memory."""
+    from switchps.workload.torch.gradients import TorchComputer
+    from switchps.workload.torch.models import build_model
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 8, 8, 3), dtype=np.float32), np.arange(64) % 10
+    cpu, gpu = (TorchComputer(build_model("resnet20", (8, 8, 3), 10, seed=1), x, y, d) for d in ("cpu", "cuda"))
+    segment = Segment.create(4 * gpu.size)
+    gpu.payload_to, cpu.payload_to = segment.grad, aligned_empty(cpu.size)
+    reply, rows = cpu.buffer(), np.arange(0, 64, 2)
+    for scale in (1.0, 0.5):  # the second step's values must reach the device too
+        reply[:] = segment.values[:] = cpu.weights.read() * np.float32(scale)
+        cpu.stage(reply)
+        gpu.stage(segment.values)
+        (want, want_loss), (got, got_loss) = cpu.compute(rows, 16), gpu.compute(rows, 16)
+        assert np.shares_memory(got, segment.grad)
+        assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want) and got_loss == pytest.approx(want_loss, 1e-2)
+    assert torch.from_numpy(segment.grad).is_pinned() and torch.from_numpy(segment.values).is_pinned()
+    assert torch.from_numpy(gpu.buffer()).is_pinned()
+    gpu.payload_to = None
+    alone, _ = gpu.compute(rows, 16)  # the same gradient (its state, the running statistics, has moved on)
+    n = gpu.weights.trainable_size
+    assert torch.from_numpy(alone).is_pinned() and np.linalg.norm(alone[:n] - want[:n]) <= 1e-2 * np.linalg.norm(want)
+    gpu.close()
+    assert not torch.from_numpy(segment.grad).is_pinned()
