@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -122,15 +124,26 @@ def run_config(args: argparse.Namespace, workers: int, data: Path, out: Path) ->
     return parse_config(config(args, workers, data, out))
 
 
-def launched(cfg: RunConfig) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """One real run of ``cfg``: its summary and the rows of its ``workers.csv`` (its run directory, the
-    only one in ``output.dir``, removed)."""
+@dataclass
+class Run:
+    """What a real run's records say."""
+
+    summary: dict[str, Any]
+    steps: list[dict[str, str]]
+    """``workers.csv``'s rows: a worker step each."""
+    shards: list[dict[str, Any]]
+    """``shard-K.json`` of each follower shard (none with one PS)."""
+
+
+def launched(cfg: RunConfig) -> Run:
+    """One real run of ``cfg`` and its records (its run directory, the only one in ``output.dir``, removed)."""
     _, summary = launch(cfg, quiet=True)
     run_dir = next(Path(cfg.output.dir).iterdir())
     with (run_dir / "workers.csv").open() as f:
         steps = list(csv.DictReader(f))
+    shards = [json.loads(p.read_text()) for p in sorted(run_dir.glob("shard-*.json"))]
     shutil.rmtree(run_dir)
-    return summary, steps
+    return Run(summary, steps, shards)
 
 
 def median_ms(steps: list[dict[str, str]], key: str) -> float:
@@ -141,7 +154,8 @@ def median_ms(steps: list[dict[str, str]], key: str) -> float:
 def through_switchps(args: argparse.Namespace, workers: int, data: Path, out: Path) -> dict[str, Any]:
     """One real run: steps/s (updates over training's wall time, each update one worker's step) and the
     median step's compute and round trip."""
-    summary, steps = launched(run_config(args, workers, data, out))
+    run = launched(run_config(args, workers, data, out))
+    summary, steps = run.summary, run.steps
     together = summary["updates"] / summary["wall_time_s"]
     return {"workers": workers, "steps_per_s": round(together, 3), "steps_per_s_per_worker": round(together / workers, 3),
             "compute_ms": median_ms(steps, "compute_s"), "round_trip_ms": median_ms(steps, "send_s"),

@@ -6,7 +6,7 @@ ASP, pushes through shared memory; ``--shards`` PS shards on this host), ``--ste
 - on the CPU (the default), an emulated device (``device.samples_per_s``: ``--batch`` samples in
   ``--step-ms``, ResNet-18's step on an H200) and ``resnet18_sized``: ResNet-18's parameter count, but the
   computation of a linear layer, so that the emulated time is the device's own compute time (the rest of a
-  step's work, the payload's 42.7 MB written into shared memory, takes a few ms here);
+  step's real work, the payload's 42.7 MB written into shared memory, takes 5-15 ms here, inside it);
 - ``--device cuda``: the real ResNet-18 on the GPU; the device's own compute time is ``gpu.local``'s step
   (the module and ``torch.optim.SGD`` alone), measured first, with ``gpu.computer``'s (the same steps with
   switchps's gradient computer and its host copies, no PS).
@@ -14,11 +14,15 @@ ASP, pushes through shared memory; ``--shards`` PS shards on this host), ``--ste
 utilization = steps a second on one device × the device's own compute time a step: each worker's on the
 emulated device (each worker emulates one), all workers' together on a GPU (they share it). Per case, in
 ms: ``compute`` (the median step on a worker, its host copies included: ``workers.csv``), ``copy``
-(``compute`` beyond the device's own time: on a GPU the payload's and the values' copies), ``round_trip``
+(``compute`` beyond the device's own time: on a GPU the payload's and the values' copies, and with several
+workers on it their waiting for one another; on the CPU the payload's write), ``round_trip``
 (the median push and its reply), ``wait`` (the step period beyond ``compute``: the device waiting for the
-PS), ``apply`` (the PS's CPU time an update: its mean CPU % over its life, from ``summary.json``'s
-resources, times training's wall time ÷ updates, summed over the shards; the apply with the receiving and
-the reply, which no record keeps apart) and ``period``. The top-level ``utilization`` is the first case's.
+PS), ``period``, and of the PS: ``apply`` (shard 0's mean apply, where its ``summary.json`` says it as
+``mean_apply_ms``; today's does not: null), ``followers_apply`` (each follower shard's mean apply, from its
+``shard-K.json``) and ``ps_cpu`` (the PS's CPU time an update, its shards' together: each one's mean CPU %
+over its life, from ``summary.json``'s resources, times training's wall time ÷ updates; the apply with
+the receiving and the reply, and the start-up: an upper bound of the work an update costs the PS, not of
+its latency). The top-level ``utilization`` is the first case's.
 
 ``--set KEY=VALUE`` (repeatable; VALUE read as YAML) sets any config field, e.g. ``runtime.shared_memory=false``;
 nothing else is set, so the same command measures a checkout that lacks a field its options do not name.
@@ -121,7 +125,8 @@ def case_config(args: argparse.Namespace, workers: int, shards: int, data: Path,
 
 def case(args: argparse.Namespace, workers: int, shards: int, data: Path, out: Path, device_ms: float) -> dict[str, Any]:
     """One real run and what its records say (module docstring)."""
-    summary, steps = launched(parse_config(case_config(args, workers, shards, data, out)))
+    run = launched(parse_config(case_config(args, workers, shards, data, out)))
+    summary, steps = run.summary, run.steps
     wall, updates = summary["wall_time_s"], summary["updates"]
     per_worker = updates / wall / workers
     per_device = per_worker if args.device == "cpu" else per_worker * workers
@@ -130,7 +135,9 @@ def case(args: argparse.Namespace, workers: int, shards: int, data: Path, out: P
                  if role.startswith("ps"))
     return {"workers": workers, "shards": shards, "utilization": round(per_device * device_ms / 1e3, 4),
             "steps_per_s_per_worker": round(per_worker, 3), "period_ms": round(period, 3), "compute_ms": compute,
-            "copy_ms": round(compute - device_ms, 3), "apply_ms": round(1e3 * ps_cpu / 100 * wall / updates, 3),
+            "copy_ms": round(compute - device_ms, 3), "apply_ms": summary.get("mean_apply_ms"),
+            "followers_apply_ms": [r["mean_apply_ms"] for r in run.shards],
+            "ps_cpu_ms": round(1e3 * ps_cpu / 100 * wall / updates, 3),
             "wait_ms": round(period - compute, 3), "round_trip_ms": median_ms(steps, "send_s"),
             "updates": updates, "wall_time_s": wall, "pushes_rejected": summary["pushes_rejected"]}
 

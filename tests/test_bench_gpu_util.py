@@ -73,6 +73,7 @@ def test_gpu_util_runs_tiny_on_the_emulated_device_and_prints_each_case_s_millis
     [c] = d["cases"]
     assert (c["workers"], c["shards"], c["updates"], c["pushes_rejected"]) == (1, 1, 5, 0)
     assert 0 < d["utilization"] == c["utilization"] <= 1
-    assert c["compute_ms"] >= 11.0 - 0.01 and c["round_trip_ms"] > 0 and c["apply_ms"] > 0
+    assert c["compute_ms"] >= 11.0 - 0.01 and c["round_trip_ms"] > 0 and c["ps_cpu_ms"] > 0
+    assert c["followers_apply_ms"] == [] and "apply_ms" in c  # one PS: no follower; shard 0 says none today
     assert c["copy_ms"] == pytest.approx(c["compute_ms"] - 11.0, abs=0.01)
     assert c["wait_ms"] == pytest.approx(c["period_ms"] - c["compute_ms"], abs=0.01)
