@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -106,30 +108,59 @@ def computer(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     return {"steps_per_s": round(1 / s, 3), "step_ms": round(1e3 * s, 3)}
 
 
-def run_config(args: argparse.Namespace, workers: int, data: Path, out: Path) -> RunConfig:
-    """A PS and ``workers`` torch workers on ``args.device``, ASP, ``args.steps`` steps each."""
-    return parse_config({
+def config(args: argparse.Namespace, workers: int, data: Path, out: Path) -> dict[str, Any]:
+    """A PS and ``workers`` torch workers on ``args.device``, ASP, ``args.steps`` steps each (a config's
+    fields, for ``parse_config``)."""
+    return {
         "name": "gpu-bench", "cluster": {"workers": workers},
         "model": {"name": "resnet18", "framework": "torch"}, "data": {"name": "npz", "path": str(data)},
         "optimizer": {"name": "sgd", "learning_rate": LR}, "protocol": {"name": "asp", "batch": args.batch},
         "train": {"steps": args.steps * workers}, "eval": {"every_s": 3600.0},
         "checkpoint": {"every_s": None}, "runtime": {"device": args.device}, "output": {"dir": str(out)},
-    })
+    }
+
+
+def run_config(args: argparse.Namespace, workers: int, data: Path, out: Path) -> RunConfig:
+    return parse_config(config(args, workers, data, out))
+
+
+@dataclass
+class Run:
+    """What a real run's records say."""
+
+    summary: dict[str, Any]
+    steps: list[dict[str, str]]
+    """``workers.csv``'s rows: a worker step each."""
+    shards: list[dict[str, Any]]
+    """``shard-K.json`` of each follower shard (none with one PS)."""
+
+
+def launched(cfg: RunConfig) -> Run:
+    """One real run of ``cfg`` and its records (its run directory, the only one in ``output.dir``, removed)."""
+    _, summary = launch(cfg, quiet=True)
+    run_dir = next(Path(cfg.output.dir).iterdir())
+    with (run_dir / "workers.csv").open() as f:
+        steps = list(csv.DictReader(f))
+    shards = [json.loads(p.read_text()) for p in sorted(run_dir.glob("shard-*.json"))]
+    shutil.rmtree(run_dir)
+    return Run(summary, steps, shards)
+
+
+def median_ms(steps: list[dict[str, str]], key: str) -> float:
+    """The median over workers.csv's rows of the seconds in column ``key``, in milliseconds."""
+    return round(1e3 * statistics.median(float(r[key]) for r in steps), 3)
 
 
 def through_switchps(args: argparse.Namespace, workers: int, data: Path, out: Path) -> dict[str, Any]:
     """One real run: steps/s (updates over training's wall time, each update one worker's step) and the
     median step's compute and round trip."""
-    _, summary = launch(run_config(args, workers, data, out), quiet=True)
-    run_dir = next(out.iterdir())
-    with (run_dir / "workers.csv").open() as f:
-        steps = list(csv.DictReader(f))
-    shutil.rmtree(run_dir)
+    run = launched(run_config(args, workers, data, out))
+    summary, steps = run.summary, run.steps
     together = summary["updates"] / summary["wall_time_s"]
-    ms = lambda key: round(1e3 * statistics.median(float(r[key]) for r in steps), 3)  # noqa: E731
     return {"workers": workers, "steps_per_s": round(together, 3), "steps_per_s_per_worker": round(together / workers, 3),
-            "compute_ms": ms("compute_s"), "round_trip_ms": ms("send_s"), "updates": summary["updates"],
-            "wall_time_s": summary["wall_time_s"], "pushes_rejected": summary["pushes_rejected"]}
+            "compute_ms": median_ms(steps, "compute_s"), "round_trip_ms": median_ms(steps, "send_s"),
+            "updates": summary["updates"], "wall_time_s": summary["wall_time_s"],
+            "pushes_rejected": summary["pushes_rejected"]}
 
 
 def main() -> None:

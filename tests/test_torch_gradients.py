@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_torch_copies import FakeCuda
 
 from switchps.protos.codec import aligned_empty
 from switchps.workload.data import load_dataset
+from switchps.workload.torch.copies import Copies
 from switchps.workload.torch.gradients import TorchComputer
 from switchps.workload.torch.models import build_model
 
@@ -108,11 +110,15 @@ def test_a_buffer_staged_again_is_read_at_its_new_contents_and_the_same_segment_
         np.testing.assert_allclose(grad, _reference(gc, ROWS)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_the_gpu_paths_bookkeeping_gives_the_same_payloads() -> None:
+def test_the_gpu_paths_bookkeeping_gives_the_same_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU's computer stages into a vector of its own and accumulates into another, copied out at the end:
-    run here with those two vectors on the CPU (no GPU in the tests), against the in-place CPU path."""
+    run here with those two vectors on the CPU (no GPU in the tests) and its copies' streams and page
+    locking on a fake ``torch.cuda``, against the in-place CPU path: the same payload, bit for bit."""
     cpu, gpu = _computer("resnet20"), _computer("resnet20")
     gpu._device_values, gpu._device_acc = torch.empty(gpu.size), torch.empty(gpu.size)
+    cuda = FakeCuda()
+    gpu._copies = Copies(torch.device("cpu"), cuda)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: t)  # a CPU build of torch has no pinned memory
     reply = cpu.buffer()
     for scale in (1.0, 0.5):
         reply[:] = cpu.weights.read() * np.float32(scale)
@@ -128,6 +134,7 @@ def test_the_gpu_paths_bookkeeping_gives_the_same_payloads() -> None:
     assert cpu._leaves[0].data_ptr() == reply.ctypes.data  # the CPU reads the reply in place
     assert gpu._leaves[0].data_ptr() == gpu._device_values.data_ptr()  # a GPU reads its copy
     np.testing.assert_array_equal(gpu.read()[: gpu.weights.trainable_size], reply[: gpu.weights.trainable_size])
+    assert cuda.log.count(("on", "copy")) == 4  # each step's upload and download, on the copy stream
 
 
 def test_without_a_place_each_step_returns_a_new_vector() -> None:

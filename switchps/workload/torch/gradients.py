@@ -12,8 +12,10 @@ a GPU; without one, the leaves share the module's own parameters. The loss is th
 ``torch.autograd.grad`` gives its gradients, which go into one flat accumulator: on the CPU, straight into
 ``payload_to`` (the segment the push sends from) when it is given, else a new vector each step; on a GPU
 into a device vector, copied to the host once per step. So a CPU step copies the payload once (the
-gradients into it), and a GPU step adds one host-to-device copy of the staged values and one
-device-to-host copy of the payload.
+gradients into it). A GPU step copies the payload once more, device to host, and a fresh reply's values
+once, host to device, both between page-locked host memory and the device on a copy stream of their own
+(``copies.Copies``); the rest of what crosses is a micro-batch's row numbers (8 bytes a sample, from
+pinned memory, not waited for) and the summed loss (4 bytes).
 
 The payload is the Σ gradient, then the state after the step's forward passes. The state (BatchNorm's
 running statistics) is the computer's own tensors, not the module's: loaded from a vector at ``stage`` or
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from switchps.protos.codec import aligned_empty
+from switchps.workload.torch.copies import Copies
 from switchps.workload.torch.weights import FlatParams, copy_all, host_tensor
 
 
@@ -53,6 +56,7 @@ class TorchComputer:
         gpu = self.device.type != "cpu"
         self._device_values = torch.empty(self.size, device=self.device) if gpu else None  # staged, on the GPU
         self._device_acc = torch.empty(self.size, device=self.device) if gpu else None
+        self._copies = Copies(self.device) if gpu else None
         self._values = Cut(self.weights, leaves=True)  # the staged vector's
         self._payload = Cut(self.weights, leaves=False)  # the accumulator's
         self._out: np.ndarray | None = None  # the step's payload vector, while micro-batches accumulate
@@ -63,7 +67,8 @@ class TorchComputer:
         each step. The caller reads a payload there before the next step."""
 
     def _batch(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.from_numpy(np.asarray(rows, np.int64)).to(self.device)
+        rows = np.asarray(rows, np.int64)
+        index = torch.from_numpy(rows) if self._copies is None else self._copies.rows(rows)
         return self._x.index_select(0, index), self._y.index_select(0, index)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +95,7 @@ class TorchComputer:
     def _start(self) -> Cut:
         """A step's accumulator: the payload vector's memory on the CPU (``payload_to``'s views are kept
         from step to step), the device vector on a GPU."""
-        self._out = np.empty(self.size, np.float32) if self.payload_to is None else self.payload_to
+        self._out = self._vector() if self.payload_to is None else self.payload_to
         if self._device_acc is not None:
             return self._payload(self._device_acc, self._device_acc)
         return self._payload(self._out, torch.from_numpy(self._out), keep=self.payload_to is not None)
@@ -104,8 +109,9 @@ class TorchComputer:
             acc, out, loss = self._acc, self._out, self._loss
             assert out is not None
             copy_all(acc.state, self._state)
-            if self._device_acc is not None:
-                torch.from_numpy(out).copy_(self._device_acc)
+            if self._copies is not None:
+                assert self._device_acc is not None
+                self._copies.download(self._device_acc, out)
         self._acc = self._out = self._loss = None
         return out, 0.0 if loss is None else float(loss)
 
@@ -135,10 +141,11 @@ class TorchComputer:
         """Run the model at ``flat`` from now on, read in place (its state is loaded now); the caller must not
         change ``flat`` until it stages another or assigns (the worker's reply buffer is written again only
         by the next push's reply, then staged)."""
-        host = host_tensor(flat)
-        if self._device_values is not None:  # one copy, into the vector the leaves are views of
-            values = self._values(self._device_values, self._device_values.copy_(host))
+        if self._copies is not None:  # one copy, into the vector the leaves are views of
+            assert self._device_values is not None
+            values = self._values(self._device_values, self._copies.upload(flat, self._device_values))
         else:  # read in place: the views are kept while the same array (its memory) is staged again
+            host = host_tensor(flat)
             values = self._values(flat, host, keep=host.data_ptr() == flat.ctypes.data)
         self._leaves = values.trainable
         with torch.no_grad():
@@ -162,8 +169,18 @@ class TorchComputer:
                 copy_all(self._state, state)
 
     def buffer(self) -> np.ndarray:
-        """A vector of the model's size that ``stage`` reads in place (on the CPU)."""
-        return aligned_empty(self.size)
+        """A vector of the model's size that ``stage`` reads in place (on the CPU), or copies from at the
+        link's full speed (page-locked, on a GPU)."""
+        return aligned_empty(self.size) if self._copies is None else self._copies.empty(self.size)
+
+    def _vector(self) -> np.ndarray:
+        """A new vector of the model's size (on a GPU in page-locked memory: the copies' ends)."""
+        return np.empty(self.size, np.float32) if self._copies is None else self._copies.empty(self.size)
+
+    def close(self) -> None:
+        """Release the page-locked registrations of host memory (a GPU's; nothing on the CPU)."""
+        if self._copies is not None:
+            self._copies.close()
 
     def read(self) -> np.ndarray:
         """The values the model runs at (staged, or the module's parameters), then the state."""
