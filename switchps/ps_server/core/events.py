@@ -47,6 +47,8 @@ class StepReport:
     delay_factor: float = 0.0
     delay_comm_s: float = 0.0
     batch_exhausted: bool = False
+    overlapped: bool = False
+    """Computed while the worker's previous push was in flight (``runtime.pipeline_depth`` 1)."""
 
 
 @dataclass(eq=False)
@@ -132,6 +134,8 @@ class WorkOrder:
     """None: no time budget (the wire says 0)."""
     micro_batch: int
     stop: bool
+    pipeline: bool = False
+    """The worker may compute its next step while this step's push is in flight (``runtime.pipeline_depth``)."""
 
 
 @dataclass(frozen=True)
