@@ -319,7 +319,7 @@ class FreePart(_message.Message):
     def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., push: _Optional[int] = ...) -> None: ...
 
 class PushInfo(_message.Message):
-    __slots__ = ("id", "worker", "base_version", "samples", "loss_sum", "arrived", "staleness", "step", "session", "squares")
+    __slots__ = ("id", "worker", "base_version", "samples", "loss_sum", "arrived", "staleness", "step", "session", "squares", "lag")
     ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +330,7 @@ class PushInfo(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SQUARES_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
     id: int
     worker: int
     base_version: int
@@ -340,7 +341,8 @@ class PushInfo(_message.Message):
     step: int
     session: int
     squares: float
-    def __init__(self, id: _Optional[int] = ..., worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., loss_sum: _Optional[float] = ..., arrived: _Optional[float] = ..., staleness: _Optional[int] = ..., step: _Optional[int] = ..., session: _Optional[int] = ..., squares: _Optional[float] = ...) -> None: ...
+    lag: int
+    def __init__(self, id: _Optional[int] = ..., worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., loss_sum: _Optional[float] = ..., arrived: _Optional[float] = ..., staleness: _Optional[int] = ..., step: _Optional[int] = ..., session: _Optional[int] = ..., squares: _Optional[float] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class ApplyPart(_message.Message):
     __slots__ = ("aggregate", "samples", "lr_factor", "version", "started", "members", "protocol", "time_budget_s", "wait_s")

@@ -106,7 +106,7 @@ class Rounds(AggregationRule):
         excluded = p.worker in m.excluded
         joins = p.worker in self.joins or (excluded and self.s.excluded_pushes == "join")
         self.joins.discard(p.worker)
-        if p.staleness and not joins:
+        if p.staleness > p.lag and not joins:
             return Effect(drop="excluded_stale" if excluded else "backup" if self.s.backup_workers else "late")
         r = self.round = self.round or Aggregate(started=p.arrived)
         if p.worker in r.workers:

@@ -31,6 +31,9 @@ class Push:
     squares: float = 0.0
     """Its gradient's squared L2 norm, checked against ``runtime.max_grad_norm`` (on a sharded PS's shard 0,
     part 0's, to which shard 0 adds the other parts'); not saved in a checkpoint: a saved push was checked."""
+    lag: int = 0
+    """The staleness its worker's pipeline gives it by design, which a round tolerates (1: computed while the
+    worker's previous push was in flight, under ``runtime.pipeline_sync``); set by the core when it arrives."""
 
 
 @dataclass(frozen=True)

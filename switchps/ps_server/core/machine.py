@@ -145,6 +145,7 @@ class Core:
         self.receipts.note(p)
         self.consulting.note_step(p, report)
         p.staleness = self.version - p.base_version
+        p.lag = int(self.pipeline.sync and report.overlapped)
         if self.done or p.staleness < 0:  # < 0: computed on a version lost in a crash
             self.outbox.drop(p, "finished" if self.done else "lost_version", self.version)
             return self._flush(now)

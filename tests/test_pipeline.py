@@ -1,0 +1,119 @@
+"""runtime.pipeline_depth: a worker computes step k+1 while push k is in flight.
+
+The PS's side is logic on the core (which orders say ``pipeline``, live, and what a round takes under
+``runtime.pipeline_sync``); the worker's is real runs on loopback, whose records must show the extra
+staleness exactly where overlap is allowed and none where it is not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import Harness
+from switchps.config.run import Pipeline
+from switchps.ps_server.core.events import StepReport
+from test_launch import rows, run
+
+OVERLAPPED = StepReport(overlapped=True)
+
+
+@pytest.mark.parametrize("pipeline, asp, bsp", [(Pipeline(0), False, False), (Pipeline(1), True, False),
+                                               (Pipeline(1, sync=True), True, True)])
+def test_orders_say_pipeline_for_the_protocol_in_force_across_a_live_switch(pipeline, asp, bsp):
+    h = Harness(workers=2, protocol={"name": "asp", "batch": 1})
+    h.core.pipeline = pipeline
+    first = h.push(0, 1.0)
+    assert h.releases[first].order.pipeline is asp and h.core.work_order(1).pipeline is asp
+    h.switch(name="bsp")
+    assert h.core.spec.name == "bsp" and h.core.work_order(0).pipeline is bsp
+    a, b = h.push(0, 1.0), h.push(1, 1.0, base=0)  # the first round: what was in flight joins it
+    assert h.releases[a].order.pipeline is h.releases[b].order.pipeline is bsp
+    h.check_books()
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_round_takes_an_overlapped_push_one_version_old_only_with_pipeline_sync(sync):
+    h = Harness(workers=2, protocol={"batch": 1})
+    h.core.pipeline = Pipeline(1, sync)
+    h.push(0, 1.0), h.push(1, 1.0)
+    assert h.core.version == 1
+    late = h.push(0, 2.0, base=0, report=OVERLAPPED)  # computed on v0 while its v0 push was in flight
+    if not sync:
+        assert h.counts["dropped:late"] == 1 and not h.releases[late].outcome.applied, "BSP stays exact"
+        return
+    assert not h.released(late), "it waits in the round"
+    h.push(1, 4.0, base=0, report=OVERLAPPED)
+    assert h.core.version == 2 and h.counts["dropped"] == 0
+    assert [m.staleness for m in h.applied[-1].aggregate.members] == [1, 1], "recorded as stale as it is"
+    h.push(0, 1.0, base=0, report=OVERLAPPED)  # two versions old: more than the pipeline explains
+    h.push(1, 1.0, base=1)  # one version old but not overlapped
+    assert h.counts["dropped:late"] == 2
+    h.check_books()
+
+
+def _run(tmp_path: Path, protocol: dict[str, Any], runtime: dict[str, Any], workers: int = 1,
+         steps: int = 20, policy: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """A small torch logreg run on digits: its summary, ps.csv and workers.csv rows."""
+    raw = {"name": "pipe", "cluster": {"workers": workers}, "model": {"name": "logreg", "framework": "torch"},
+           "data": {"name": "digits"}, "optimizer": {"name": "sgd", "learning_rate": 0.05},
+           "protocol": {"batch": 16, **protocol}, "train": {"steps": steps}, "eval": {"every_s": 5.0},
+           "runtime": runtime, **({"policy": policy} if policy else {})}
+    tmp_path.mkdir(exist_ok=True)
+    cfg = tmp_path / "pipe.yaml"
+    cfg.write_text(json.dumps(raw))
+    proc, run_dir = run(tmp_path, str(cfg), timeout=240)
+    assert proc.returncode == 0 and run_dir is not None, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary, rows(run_dir / "ps.csv"), rows(run_dir / "workers.csv")
+
+
+def _members(update: dict[str, str]) -> int:
+    """How many pushes an update of ps.csv took."""
+    return len(update["workers"].split(";"))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("depth", [0, 1])
+def test_asp_with_pipeline_depth_1_pushes_gradients_of_the_values_before_the_last_reply(tmp_path, depth):
+    steps = 20
+    summary, ps, workers = _run(tmp_path, {"name": "asp"}, {"pipeline_depth": depth}, steps=steps)
+    staleness = [int(r["staleness_max"]) for r in ps]
+    bases = [int(r["base_version"]) for r in workers]
+    assert summary["pipeline_depth"] == depth and summary["pushes_accepted"] == summary["updates"] == steps
+    if depth == 0:
+        assert staleness == [0] * steps and bases == list(range(steps)) and summary["overlapped_steps"] == 0
+        return
+    # one worker: step k+1 is computed on the values before reply k, so each push after the first is one
+    # version stale, and says so in its header (what workers.csv records)
+    assert staleness == [0] + [1] * (steps - 1), "the extra staleness is recorded"
+    assert bases == [0, 0, *range(1, steps - 1)]
+    assert summary["overlapped_steps"] == steps - 1
+    assert all(float(r["compute_s"]) > 0 and float(r["send_s"]) >= 0 for r in workers)
+
+
+@pytest.mark.integration
+def test_bsp_does_not_overlap_without_pipeline_sync_and_does_with_it(tmp_path):
+    exact, ps, _ = _run(tmp_path / "exact", {"name": "bsp"}, {"pipeline_depth": 1}, workers=2, steps=8)
+    assert exact["overlapped_steps"] == 0 and exact["pushes_dropped"] == 0
+    assert all(r["staleness_max"] == "0" and _members(r) == 2 for r in ps), "BSP exactly as at depth 0"
+    delayed, ps, _ = _run(tmp_path / "delayed", {"name": "bsp"}, {"pipeline_depth": 1, "pipeline_sync": True},
+                          workers=2, steps=8)
+    assert delayed["overlapped_steps"] > 0 and delayed["pushes_dropped"] == 0
+    assert [r["staleness_max"] for r in ps] == ["0"] + ["1"] * 7, "one-step-delayed updates"
+    assert all(_members(r) == 2 for r in ps), "each round still takes every worker"
+
+
+@pytest.mark.integration
+def test_a_live_switch_from_asp_to_bsp_stops_the_overlap_and_keeps_bsp_exact(tmp_path):
+    policy = {"name": "schedule", "every_k": 1, "kwargs": {"unit": "steps", "phases": [{"asp": 8}, {"bsp": 12}]}}
+    summary, ps, _ = _run(tmp_path, {"name": "asp"}, {"pipeline_depth": 1}, workers=2, steps=20, policy=policy)
+    protocols = [r["protocol"] for r in ps]
+    first_bsp = protocols.index("bsp")
+    assert "asp" in protocols[:first_bsp] and set(protocols[first_bsp:]) == {"bsp"}
+    assert summary["overlapped_steps"] > 0, "it overlapped under ASP"
+    after = ps[first_bsp + 1:]  # the first round takes what was in flight at the switch, as at depth 0
+    assert after and all(r["staleness_max"] == "0" and _members(r) == 2 for r in after), "BSP exact after it"
+    assert summary["pushes_rejected"] == 0
