@@ -7,8 +7,9 @@ sample count b, header and statistics, and keep the reply's work order. Through 
 retries (``client.Reconnect``): it registers again and sends the same push, which the PS recognises by
 its (worker, session, step). A push may also be ``send``t on the session's own thread and its reply
 ``receive``d later (``runtime.pipeline_depth`` 1: ``worker.main`` computes its next step meanwhile; a
-user's own loop, ``worker.torch_loop``, pushes and waits). ``Batches`` cuts a user's data loader into the micro-batches a work order
-allows (``steps.Budget``), so a loop it drives obeys the same budgets as a switchps worker.
+user's own loop, ``worker.torch_loop``, pushes and waits). ``Batches`` cuts a user's data loader into the
+micro-batches a work order allows (``steps.Budget``), so a loop it drives obeys the same budgets as a
+switchps worker.
 """
 
 from __future__ import annotations
