@@ -7,14 +7,20 @@ staleness exactly where overlap is allowed and none where it is not."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from conftest import FakeClock
 from harness import Harness
-from switchps.config.run import Pipeline
+from switchps.config.run import Pipeline, RunConfig
+from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.core.events import StepReport
+from switchps.worker.client import Reply
+from switchps.worker.main import Worker
 from test_launch import rows, run
 
 OVERLAPPED = StepReport(overlapped=True)
@@ -52,6 +58,104 @@ def test_a_round_takes_an_overlapped_push_one_version_old_only_with_pipeline_syn
     h.push(1, 1.0, base=1)  # one version old but not overlapped
     assert h.counts["dropped:late"] == 2
     h.check_books()
+
+
+@dataclass
+class Flight:
+    grad: np.ndarray
+    into: np.ndarray
+    base_version: int
+    overlapped: bool
+
+
+@dataclass
+class FakeSession:
+    """A PS on a fake clock that replies through a shared segment: each reply's values are its version in
+    every element, written into ``segment`` (as the PS writes a segment's values area); ``sync_from``: the
+    version from which orders say a round protocol is in force (no ``pipeline``)."""
+
+    clock: FakeClock
+    stop_at: int
+    sync_from: int
+    segment: np.ndarray = field(default_factory=lambda: np.full(3, -1.0, np.float32))
+    order: pb.WorkOrder = field(default_factory=lambda: pb.WorkOrder(protocol="asp", sample_budget=2,
+                                                                     micro_batch=2, pipeline=True))
+    received_at: float = 100.0
+    step: int = 0
+    payload_area: np.ndarray = field(default_factory=lambda: np.zeros(3, np.float32))
+    """The segment's gradient area."""
+    flight: Flight | None = None
+    pushed: list[Flight] = field(default_factory=list)
+
+    def send(self, grad: np.ndarray, samples: int, params: np.ndarray, *, base_version: int, **stats: Any) -> None:
+        assert self.flight is None, "one push in flight at most"
+        self.flight = Flight(grad, params, base_version, stats["overlapped"])
+        self.pushed.append(Flight(grad.copy(), params, base_version, stats["overlapped"]))
+
+    def receive(self, since: float) -> Reply:
+        assert self.flight is not None
+        self.flight = None
+        return self._reply()
+
+    def push(self, grad: np.ndarray, samples: int, params: np.ndarray, *, base_version: int | None = None,
+             **stats: Any) -> Reply:
+        version = self.order.version if base_version is None else base_version
+        self.send(grad, samples, params, base_version=version, **stats)
+        return self.receive(self.clock.now())
+
+    def _reply(self) -> Reply:
+        version = self.order.version + 1
+        self.segment[:] = version
+        self.order = pb.WorkOrder(protocol="asp", version=version, sample_budget=2, micro_batch=2,
+                                  stop=version >= self.stop_at, pipeline=version < self.sync_from)
+        self.step += 1
+        return Reply(pb.PushReply(order=self.order, nbytes=self.segment.nbytes), True, self.segment)
+
+
+@dataclass
+class FakeComputer:
+    """Computes on the staged values (or the assigned ones: version 0): its payload is their version, written
+    into ``payload_to``; checks at each step that nothing in flight is written or read by it."""
+
+    ps: FakeSession
+    samples: int = 100
+    size: int = 3
+    payload_to: np.ndarray | None = None
+    staged: np.ndarray | None = None
+
+    def buffer(self) -> np.ndarray:
+        return np.zeros(self.size, np.float32)
+
+    def stage(self, flat: np.ndarray) -> None:
+        self.staged = flat
+
+    def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
+        flight = self.ps.flight
+        values = self.staged if self.staged is not None else np.zeros(self.size, np.float32)
+        if flight is not None:
+            assert self.payload_to is not flight.grad, "the step writes the payload in flight"
+            assert self.payload_to is not self.ps.payload_area, "the step writes the segment in flight"
+            assert values is not flight.into and values is not self.ps.segment, "it reads what a reply writes"
+        out = self.payload_to if self.payload_to is not None else np.empty(self.size, np.float32)
+        out[:] = values
+        return out, 0.0
+
+
+@pytest.mark.parametrize("sync_from", [100, 3])
+def test_an_overlapped_step_writes_and_reads_nothing_in_flight_and_pushes_its_values_version(sync_from):
+    clock = FakeClock()
+    ps = FakeSession(clock, stop_at=6, sync_from=sync_from)
+    gc = FakeComputer(ps)
+    worker = Worker(RunConfig(), 0, gc, ps, gc.buffer())  # type: ignore[arg-type]
+    while not ps.order.stop:
+        worker.overlapped() if ps.order.pipeline else worker.step()
+    versions = [int(p.grad[0]) for p in ps.pushed]
+    assert [p.base_version for p in ps.pushed] == versions, "each push says the version it was computed on"
+    if sync_from == 100:  # overlapping throughout: step k+1 runs on the values before reply k
+        assert versions == [0, 0, 1, 2, 3, 4] and [p.overlapped for p in ps.pushed] == [False] + [True] * 5
+    else:  # orders without pipeline from v3: the step computed meanwhile is pushed, then push and wait
+        assert versions == [0, 0, 1, 2, 4, 5] and [p.overlapped for p in ps.pushed] == [False, True, True, True,
+                                                                                     False, False]
 
 
 def _run(tmp_path: Path, protocol: dict[str, Any], runtime: dict[str, Any], workers: int = 1,
