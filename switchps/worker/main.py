@@ -17,9 +17,10 @@ k is in flight (it reads its payload and may write its reply buffer and the segm
 - step k+1 writes its payload into the other of two private buffers, never the segment's gradient area
   (the PS may still be reading it): a push through shared memory copies its payload there (one copy a
   step; gRPC bytes none beyond today's);
-- the model runs at values no reply writes: push k's reply goes into the private values buffer not
-  staged, and values a reply left in the segment are copied out into it before the next push is sent
-  (one copy a step through shared memory, none through gRPC), then staged.
+- the model runs at values no reply writes: push k's reply goes into the one of two private values
+  buffers the model does not run at, and values a reply left in the segment are copied out into a private
+  one, and staged there, before the next push is sent (one copy a step through shared memory, none
+  through gRPC).
 
 An order without ``pipeline`` (a switch to a round protocol) ends it: the step computed meanwhile is pushed
 at once, as a stale push the PS's rules judge and count, and the worker pushes and waits again.
@@ -104,13 +105,12 @@ class Worker:
         s, delays = self._compute(order, ps.step, ps.received_at)
         its_base, overlapped, i = base, False, 0
         while True:
-            into = self._unstaged()
-            ps.send(s.grad, s.samples, into, base_version=its_base, **_stats(s, delays, overlapped))
+            ps.send(s.grad, s.samples, self._unstaged(), base_version=its_base, **_stats(s, delays, overlapped))
             i ^= 1
             self.gc.payload_to = self.grads[i]
             s, delays = self._compute(order, ps.step + 1, clock.now())
             reply = ps.receive(since=clock.now())
-            self._stage(reply, into)
+            self._stage(reply)
             order, its_base, overlapped, base = reply.order, base, True, reply.order.version
             if order.stop:  # the step computed meanwhile is not pushed: training is over
                 return
@@ -126,22 +126,16 @@ class Worker:
         _warn_once(self.warned, self.index, s, order, self.stragglers)
         return s, delays
 
-    def _stage(self, reply: Reply, into: np.ndarray | None = None) -> None:
-        """Run the model at a fresh reply's values (loaded inside the next step's gradient call, counted in its
-        compute_s), read where they are, or (``into``: overlapping) copied there out of the segment first."""
-        if not reply.fresh:
-            return
-        values = reply.values
-        if into is not None and values is not into:
-            np.copyto(into, values)
-            COPIES.add(into.nbytes)
-            values = into
-        self.gc.stage(values)
-        self.staged = values
+    def _stage(self, reply: Reply) -> None:
+        """Run the model at a fresh reply's values, read where they are (loaded inside the next step's
+        gradient call, counted in its compute_s)."""
+        if reply.fresh:
+            self.gc.stage(reply.values)
+            self.staged = reply.values
 
     def _unstaged(self) -> np.ndarray:
-        """The private values buffer the model does not run at, for the next reply; values staged in the
-        segment (a push through shared memory before overlapping began) are copied out first."""
+        """Before a push is sent while the next step computes: the private values buffer the model does not
+        run at, for its reply. Values staged in the segment, which the reply rewrites, are copied out first."""
         assert self.values is not None
         a, b = self.values
         if self.staged is not None and self.staged is not a and self.staged is not b:
