@@ -146,7 +146,7 @@ def test_an_overlapped_step_writes_and_reads_nothing_in_flight_and_pushes_its_va
     clock = FakeClock()
     ps = FakeSession(clock, stop_at=6, sync_from=sync_from)
     gc = FakeComputer(ps)
-    worker = Worker(RunConfig(), 0, gc, ps, gc.buffer())  # type: ignore[arg-type]
+    worker = Worker(RunConfig(), 0, gc, ps, gc.buffer())
     while not ps.order.stop:
         worker.overlapped() if ps.order.pipeline else worker.step()
     versions = [int(p.grad[0]) for p in ps.pushed]
@@ -180,10 +180,12 @@ def _members(update: dict[str, str]) -> int:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("depth", [0, 1])
-def test_asp_with_pipeline_depth_1_pushes_gradients_of_the_values_before_the_last_reply(tmp_path, depth):
+@pytest.mark.parametrize("depth, shared_memory", [(0, True), (1, True), (1, False)])
+def test_asp_with_pipeline_depth_1_pushes_gradients_of_the_values_before_the_last_reply(tmp_path, depth,
+                                                                                        shared_memory):
     steps = 20
-    summary, ps, workers = _run(tmp_path, {"name": "asp"}, {"pipeline_depth": depth}, steps=steps)
+    summary, ps, workers = _run(tmp_path, {"name": "asp"}, {"pipeline_depth": depth, "shared_memory": shared_memory},
+                                steps=steps)
     staleness = [int(r["staleness_max"]) for r in ps]
     bases = [int(r["base_version"]) for r in workers]
     assert summary["pipeline_depth"] == depth and summary["pushes_accepted"] == summary["updates"] == steps
