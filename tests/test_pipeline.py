@@ -159,12 +159,13 @@ def test_an_overlapped_step_writes_and_reads_nothing_in_flight_and_pushes_its_va
 
 
 def _run(tmp_path: Path, protocol: dict[str, Any], runtime: dict[str, Any], workers: int = 1,
-         steps: int = 20, policy: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict], list[dict]]:
-    """A small torch logreg run on digits: its summary, ps.csv and workers.csv rows."""
+         steps: int = 20, **sections: Any) -> tuple[dict[str, Any], list[dict], list[dict]]:
+    """A small torch logreg run on digits (``sections``: more of its config): its summary, ps.csv and
+    workers.csv rows."""
     raw = {"name": "pipe", "cluster": {"workers": workers}, "model": {"name": "logreg", "framework": "torch"},
            "data": {"name": "digits"}, "optimizer": {"name": "sgd", "learning_rate": 0.05},
            "protocol": {"batch": 16, **protocol}, "train": {"steps": steps}, "eval": {"every_s": 5.0},
-           "runtime": runtime, **({"policy": policy} if policy else {})}
+           "runtime": runtime, **sections}
     tmp_path.mkdir(exist_ok=True)
     cfg = tmp_path / "pipe.yaml"
     cfg.write_text(json.dumps(raw))
@@ -223,3 +224,18 @@ def test_a_live_switch_from_asp_to_bsp_stops_the_overlap_and_keeps_bsp_exact(tmp
     after = ps[first_bsp + 1:]  # the first round takes what was in flight at the switch, as at depth 0
     assert after and all(r["staleness_max"] == "0" and _members(r) == 2 for r in after), "BSP exact after it"
     assert summary["pushes_rejected"] == 0
+
+
+@pytest.mark.integration
+def test_ssp_bound_holds_with_overlap(tmp_path):
+    """SSP with staleness 1, worker 1 thirty times slower: worker 0 overlaps, yet never pushes more than
+    s + 1 ahead of worker 1 (a held reply holds the push computed meanwhile too)."""
+    bound = 1
+    summary, ps, _ = _run(tmp_path, {"name": "ssp", "staleness": bound}, {"pipeline_depth": 1}, workers=2,
+                          steps=24, stragglers={"slowdown": {"factors": {1: 30.0}}})
+    counts, gaps = [0, 0], []
+    for update in ps:
+        for push in update["pushes"].split(";"):
+            counts[int(push.split(":")[0])] += 1
+        gaps.append(counts[0] - counts[1])
+    assert summary["overlapped_steps"] > 0 and max(gaps) == bound + 1, gaps
