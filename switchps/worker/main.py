@@ -99,7 +99,7 @@ class Worker:
         ps, clock = self.ps, self.ps.clock
         if self.values is None or self.grads is None:
             self.values = self.params, self.gc.buffer()
-            self.grads = np.empty(self.gc.size, np.float32), np.empty(self.gc.size, np.float32)
+            self.grads = self.gc.buffer(), self.gc.buffer()  # the computer's kind of buffer (aligned)
         order, base = ps.order, ps.order.version  # ``base``: the version of the values the model runs at
         self.gc.payload_to = self.grads[0]
         s, delays = self._compute(order, ps.step, ps.received_at)
