@@ -127,6 +127,8 @@ class FakeComputer:
         return np.zeros(self.size, np.float32)
 
     def stage(self, flat: np.ndarray) -> None:
+        if self.ps.order.pipeline:  # a GPU's upload of them may still read them when the next push is sent
+            assert flat is not self.ps.segment, "values staged where the next reply writes"
         self.staged = flat
 
     def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:

@@ -18,9 +18,8 @@ k is in flight (it reads its payload and may write its reply buffer and the segm
   (the PS may still be reading it): a push through shared memory copies its payload there (one copy a
   step; gRPC bytes none beyond today's);
 - the model runs at values no reply writes: push k's reply goes into the one of two private values
-  buffers the model does not run at, and values a reply left in the segment are copied out into a private
-  one, and staged there, before the next push is sent (one copy a step through shared memory, none
-  through gRPC).
+  buffers the model does not run at, or, through shared memory, is copied there out of the segment's
+  values area (one copy a step; none through gRPC), and is staged from there.
 
 An order without ``pipeline`` (a switch to a round protocol) ends it: the step computed meanwhile is pushed
 at once, as a stale push the PS's rules judge and count, and the worker pushes and waits again.
@@ -105,12 +104,13 @@ class Worker:
         s, delays = self._compute(order, ps.step, ps.received_at)
         its_base, overlapped, i = base, False, 0
         while True:
-            ps.send(s.grad, s.samples, self._unstaged(), base_version=its_base, **_stats(s, delays, overlapped))
+            into = self._unstaged()
+            ps.send(s.grad, s.samples, into, base_version=its_base, **_stats(s, delays, overlapped))
             i ^= 1
             self.gc.payload_to = self.grads[i]
             s, delays = self._compute(order, ps.step + 1, clock.now())
             reply = ps.receive(since=clock.now())
-            self._stage(reply)
+            self._stage(reply, into)
             order, its_base, overlapped, base = reply.order, base, True, reply.order.version
             if order.stop:  # the step computed meanwhile is not pushed: training is over
                 return
@@ -126,24 +126,35 @@ class Worker:
         _warn_once(self.warned, self.index, s, order, self.stragglers)
         return s, delays
 
-    def _stage(self, reply: Reply) -> None:
-        """Run the model at a fresh reply's values, read where they are (loaded inside the next step's
-        gradient call, counted in its compute_s)."""
+    def _stage(self, reply: Reply, into: np.ndarray | None = None) -> None:
+        """Run the model at a fresh reply's values (loaded inside the next step's gradient call, counted in its
+        compute_s): read where they are, or (``into``, overlapping) first copied there out of the segment,
+        so that they are staged once, from where the next reply does not write (a GPU's copy of them may
+        still be reading them when it is sent)."""
         if reply.fresh:
-            self.gc.stage(reply.values)
-            self.staged = reply.values
+            self._stage_at(reply.values if into is None else _copied(reply.values, into))
+
+    def _stage_at(self, values: np.ndarray) -> None:
+        self.gc.stage(values)
+        self.staged = values
 
     def _unstaged(self) -> np.ndarray:
-        """Before a push is sent while the next step computes: the private values buffer the model does not
-        run at, for its reply. Values staged in the segment, which the reply rewrites, are copied out first."""
+        """The private values buffer the model does not run at, for the reply of a push sent while the next
+        step computes. Values staged in the segment (by a step before the overlap began), which that reply
+        rewrites, are copied out first."""
         assert self.values is not None
         a, b = self.values
         if self.staged is not None and self.staged is not a and self.staged is not b:
-            np.copyto(a, self.staged)
-            COPIES.add(a.nbytes)
-            self.gc.stage(a)
-            self.staged = a
+            self._stage_at(_copied(self.staged, a))
         return b if self.staged is a else a
+
+
+def _copied(values: np.ndarray, into: np.ndarray) -> np.ndarray:
+    """``values`` in ``into`` (copied, and counted, unless they are there already)."""
+    if values is not into:
+        np.copyto(into, values)
+        COPIES.add(into.nbytes)
+    return into
 
 
 def _stats(s: Step, delays: StepDelays, overlapped: bool) -> dict[str, Any]:
