@@ -20,6 +20,7 @@ would, gRPC bytes only (no shared memory, so no Unix socket either) and no CPU b
     python bench/steps.py --shm-ab 3     # 3 pairs: pushes through shared memory (the default) vs gRPC bytes
     python bench/steps.py --network      # one run as from other hosts: gRPC bytes, no CPU binding
     python bench/steps.py --framework-ab 4 --dims 784 78400   # 4 pairs each: torch workers vs TF workers
+    python bench/steps.py --pipeline-ab 3 --dim 78400   # 3 pairs: runtime.pipeline_depth 1 vs 0
 """
 
 from __future__ import annotations
@@ -77,11 +78,11 @@ def model_name(dim: int) -> str:
 
 
 def run_config(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True,
-               framework: str | None = None) -> RunConfig:
+               framework: str | None = None, pipeline_depth: int = 0) -> RunConfig:
     """The launcher's config for one run: switchps as shipped, but for ``insecure`` and ``shared_memory``
     False (pushes as gRPC bytes); ``args.network``: as from other hosts, gRPC bytes and ``NO_BINDING``; the
-    workers' ``framework`` (default ``args.framework``)."""
-    runtime: dict[str, Any] = {"shared_memory": shared_memory and not args.network}
+    workers' ``framework`` (default ``args.framework``) and ``runtime.pipeline_depth``."""
+    runtime: dict[str, Any] = {"shared_memory": shared_memory and not args.network, "pipeline_depth": pipeline_depth}
     if args.network:
         runtime["cpu"] = NO_BINDING
     return parse_config({
@@ -101,9 +102,11 @@ def run_config(args: argparse.Namespace, insecure: bool = False, shared_memory: 
 
 
 def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bool = True,
-             framework: str | None = None) -> dict:
-    """One launcher run of ``run_config`` for ``args.seconds``; its steps/s and the figures behind it."""
-    cfg = run_config(args, insecure, shared_memory, framework)
+             framework: str | None = None, pipeline_depth: int | None = None) -> dict:
+    """One launcher run of ``run_config`` for ``args.seconds``; its steps/s and the figures behind it
+    (``worker_round_trip_ms``: the mean send_s, with overlap the wait for a reply beyond the compute)."""
+    depth = args.pipeline_depth if pipeline_depth is None else pipeline_depth
+    cfg = run_config(args, insecure, shared_memory, framework, depth)
     run_dir, summary = launch(cfg, quiet=True)
     with (run_dir / "workers.csv").open() as f:
         steps = list(csv.DictReader(f))
@@ -113,6 +116,7 @@ def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bo
         "benchmark": "asp_steps", "model": model_name(args.dim), "framework": cfg.model.framework,
         "workers": args.workers,
         "batch": args.batch, "authenticated": not insecure, "shared_memory": cfg.runtime.shared_memory,
+        "pipeline_depth": cfg.runtime.pipeline_depth,
         "cpu_binding": cfg.runtime.cpu.model_dump(), "wall_time_s": summary["wall_time_s"],
         "updates": summary["updates"], "steps_per_s": round(steps_per_s, 1),
         "worker_compute_ms": round(1e3 * mean("compute_s"), 3), "worker_round_trip_ms": round(1e3 * mean("send_s"), 3),
@@ -255,6 +259,9 @@ def main() -> None:
     ap.add_argument("--shards", type=int, nargs="+", metavar="S", help="instead: S PS shards each, alternated "
                                                                        "--pairs times (bench/shards.py)")
     ap.add_argument("--pairs", type=int, default=2, help="with --shards: rounds of every shard count")
+    ap.add_argument("--pipeline-depth", type=int, choices=(0, 1), default=0, help="runtime.pipeline_depth")
+    ap.add_argument("--pipeline-ab", type=int, metavar="PAIRS",
+                    help="compare runtime.pipeline_depth 1 (a push in flight while the next step computes) with 0")
     ap.add_argument("--shard-max-mb", type=float, default=1.0, help="with --shards: runtime.shard_max_mb")
     args = ap.parse_args()
     if args.shards:
@@ -275,6 +282,10 @@ def main() -> None:
     elif args.shm_ab:
         out = {"benchmark": "asp_steps_shared_memory_over_grpc_bytes",
                **alternate(args, args.shm_ab, {"shared_memory": {}, "grpc_bytes": {"shared_memory": False}})}
+    elif args.pipeline_ab:
+        out = {"benchmark": "asp_steps_pipelined_over_not",
+               **alternate(args, args.pipeline_ab, {"depth_1": {"pipeline_depth": 1},
+                                                    "depth_0": {"pipeline_depth": 0}})}
     else:
         out = run_once(args, args.insecure)
     print(dumps(out, indent=2))

@@ -64,6 +64,9 @@ BAD = [
     ("transient typo", "stragglers: {transient: {duraton_s: 5, every_s: 10}}", [],
      ["stragglers.transient.duration_s: Field required",
       "stragglers.transient.duraton_s: unknown key (did you mean duration_s?)"]),
+    ("pipeline depth", "runtime: {pipeline_depth: 2}", [], ["runtime.pipeline_depth: Input should be 0 or 1"]),
+    ("pipeline_sync without depth", "runtime: {pipeline_sync: true}", [],
+     ["runtime.pipeline_sync: overlaps steps only with runtime.pipeline_depth: 1"]),
     # what builds the run
     ("optimizer param typo", "optimizer: {name: momentum, params: {momentun: 0.9}}", [],
      ["optimizer.params.momentun: unknown key (did you mean momentum?)"]),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
@@ -79,6 +80,19 @@ class OutputSpec(Section):
     dir: str = "runs"
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """Whether a worker may overlap a push with its next step (``runtime.pipeline_depth``,
+    ``runtime.pipeline_sync``): the PS says so in each work order, for the protocol in force."""
+
+    depth: int = 0
+    sync: bool = False
+
+    def overlaps(self, asynchronous: bool) -> bool:
+        """Whether a worker overlaps under a protocol that is ``asynchronous`` (else a round protocol)."""
+        return self.depth > 0 and (asynchronous or self.sync)
+
+
 class RuntimeSpec(Section):
     intra_op_threads: int = Field(1, ge=1, le=MAX_THREADS)
     """The framework's threads per process (TensorFlow's intra-op pool, torch's `set_num_threads`), at most
@@ -105,10 +119,22 @@ class RuntimeSpec(Section):
     shard_max_mb: float = Field(4.0, gt=0, le=2**20)
     """Several PS shards: a variable larger than this is cut into row blocks spread over the shards
     (BytePS's piece size); the partition is the same on every role."""
+    pipeline_depth: Literal[0, 1] = 0
+    """1: a switchps worker computes its next step on the values it has while its push is in flight (one push
+    at most), under the asynchronous protocols (asp, ssp, kasync, timed); its pushes are one step staler,
+    and recorded so (their base version is that of the values they were computed on). 0: push, wait, step."""
+    pipeline_sync: bool = False
+    """With pipeline_depth 1, overlap under the round protocols too (bsp, fmb, amb, backup): one-step-delayed
+    updates, a round taking each worker's push computed on the values before the previous round's. False:
+    they keep their semantics exactly and a worker does not overlap while one is in force."""
     cpu: CpuBindingSpec = Field(default_factory=CpuBindingSpec)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$")
     """Where torch workers compute: auto (worker i on GPU i mod the GPUs there are, else the CPU), cpu,
     cuda (the first GPU) or cuda:K, a GPU the host has. TensorFlow roles run on the CPU (auto or cpu)."""
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self.pipeline_depth, self.pipeline_sync)
 
     @property
     def chunk_bytes(self) -> int:
@@ -146,6 +172,8 @@ class RunConfig(Section):
         problems = under("security", self.security.role_problems(role_of(info), ps_host))
         if isinstance(self.protocol, Rounds) and self.protocol.backup_workers >= n:
             problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
+        if self.runtime.pipeline_sync and not self.runtime.pipeline_depth:
+            problems.append(("runtime.pipeline_sync", "overlaps steps only with runtime.pipeline_depth: 1"))
         if self.model.framework == "tensorflow" and self.runtime.device.startswith("cuda"):
             problems.append(("runtime.device", f"{self.runtime.device} is for model.framework torch; TensorFlow "
                                                "roles run on the CPU (auto or cpu)"))

@@ -25,20 +25,22 @@ class Layout(_message.Message):
     def __init__(self, variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., digest: _Optional[str] = ..., state: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ...) -> None: ...
 
 class WorkOrder(_message.Message):
-    __slots__ = ("protocol", "version", "sample_budget", "time_budget_s", "micro_batch", "stop")
+    __slots__ = ("protocol", "version", "sample_budget", "time_budget_s", "micro_batch", "stop", "pipeline")
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_BUDGET_FIELD_NUMBER: _ClassVar[int]
     TIME_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
     protocol: str
     version: int
     sample_budget: int
     time_budget_s: float
     micro_batch: int
     stop: bool
-    def __init__(self, protocol: _Optional[str] = ..., version: _Optional[int] = ..., sample_budget: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., micro_batch: _Optional[int] = ..., stop: _Optional[bool] = ...) -> None: ...
+    pipeline: bool
+    def __init__(self, protocol: _Optional[str] = ..., version: _Optional[int] = ..., sample_budget: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., micro_batch: _Optional[int] = ..., stop: _Optional[bool] = ..., pipeline: _Optional[bool] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("worker", "layout", "partition_size", "shard_partition", "framework", "device")
@@ -67,7 +69,7 @@ class RegisterReply(_message.Message):
     def __init__(self, send_init: _Optional[bool] = ..., order: _Optional[_Union[WorkOrder, _Mapping]] = ..., num_workers: _Optional[int] = ...) -> None: ...
 
 class StepStats(_message.Message):
-    __slots__ = ("step", "compute_s", "send_s", "wait_s", "sleep_s", "loss_sum", "delay_sleep_s", "delay_factor", "delay_comm_s", "batch_exhausted")
+    __slots__ = ("step", "compute_s", "send_s", "wait_s", "sleep_s", "loss_sum", "delay_sleep_s", "delay_factor", "delay_comm_s", "batch_exhausted", "overlapped")
     STEP_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     SEND_S_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +80,7 @@ class StepStats(_message.Message):
     DELAY_FACTOR_FIELD_NUMBER: _ClassVar[int]
     DELAY_COMM_S_FIELD_NUMBER: _ClassVar[int]
     BATCH_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    OVERLAPPED_FIELD_NUMBER: _ClassVar[int]
     step: int
     compute_s: float
     send_s: float
@@ -88,7 +91,8 @@ class StepStats(_message.Message):
     delay_factor: float
     delay_comm_s: float
     batch_exhausted: bool
-    def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., delay_sleep_s: _Optional[float] = ..., delay_factor: _Optional[float] = ..., delay_comm_s: _Optional[float] = ..., batch_exhausted: _Optional[bool] = ...) -> None: ...
+    overlapped: bool
+    def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., delay_sleep_s: _Optional[float] = ..., delay_factor: _Optional[float] = ..., delay_comm_s: _Optional[float] = ..., batch_exhausted: _Optional[bool] = ..., overlapped: _Optional[bool] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats", "session", "attempt", "shared")
@@ -315,7 +319,7 @@ class FreePart(_message.Message):
     def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., push: _Optional[int] = ...) -> None: ...
 
 class PushInfo(_message.Message):
-    __slots__ = ("id", "worker", "base_version", "samples", "loss_sum", "arrived", "staleness", "step", "session", "squares")
+    __slots__ = ("id", "worker", "base_version", "samples", "loss_sum", "arrived", "staleness", "step", "session", "squares", "lag")
     ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +330,7 @@ class PushInfo(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SQUARES_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
     id: int
     worker: int
     base_version: int
@@ -336,7 +341,8 @@ class PushInfo(_message.Message):
     step: int
     session: int
     squares: float
-    def __init__(self, id: _Optional[int] = ..., worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., loss_sum: _Optional[float] = ..., arrived: _Optional[float] = ..., staleness: _Optional[int] = ..., step: _Optional[int] = ..., session: _Optional[int] = ..., squares: _Optional[float] = ...) -> None: ...
+    lag: int
+    def __init__(self, id: _Optional[int] = ..., worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., loss_sum: _Optional[float] = ..., arrived: _Optional[float] = ..., staleness: _Optional[int] = ..., step: _Optional[int] = ..., session: _Optional[int] = ..., squares: _Optional[float] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class ApplyPart(_message.Message):
     __slots__ = ("aggregate", "samples", "lr_factor", "version", "started", "members", "protocol", "time_budget_s", "wait_s")

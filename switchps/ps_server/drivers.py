@@ -29,7 +29,7 @@ def build_core(cfg: RunConfig) -> Core:
     return Core(cfg.protocol, cfg.train, cfg.cluster.num_workers, startup_timeout_s=cfg.cluster.startup_timeout_s,
                 on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),
                 policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window,
-                targets=p.protocols)
+                targets=p.protocols, pipeline=cfg.runtime.pipeline)
 
 
 def check_resumable(run_dir: Path) -> Checkpoint | None:
@@ -108,6 +108,7 @@ def run_summary(cfg: RunConfig, core: Core, rec: RunRecorder, now: float, *, fin
         "emulated_device": cfg.device.model_dump() if cfg.device.samples_per_s else None,
         "emulated_link": link.summary(wall) if link else None,
         "stragglers": cfg.stragglers.model_dump(exclude_none=True) or None,
+        "pipeline_depth": cfg.runtime.pipeline_depth,
         "final_eval_reported": final is not None,
         "workers_not_told_stop": sorted(set(core.members.registered) - told_stop),
         "policy": cfg.policy.name,

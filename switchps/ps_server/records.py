@@ -157,6 +157,8 @@ class RunRecorder:
                            factor=stats.delay_factor or 1.0, comm_s=stats.delay_comm_s)
         if stats.batch_exhausted:
             self.count("batch_exhausted")
+        if stats.overlapped:
+            self.count("overlapped")
 
     def worker_step(self, **row: Any) -> None:
         with self._lock:
@@ -260,6 +262,7 @@ class RunRecorder:
             "pushes_rejected": self.counts["rejected"],
             "pushes_dropped": self.counts["dropped"],
             "batch_exhausted_steps": self.counts["batch_exhausted"],
+            "overlapped_steps": self.counts["overlapped"],
             "push_reasons": dict(sorted(self.reasons.items())),
             "rejections": dict(sorted(self.rejections.items())),
             **summary,

@@ -6,15 +6,37 @@ traced, every torch kernel run), then registers
 Σ gradients over micro-batches, push them with the sample count and the
 model's state, and obey the work order in the reply (which also carries the
 fresh values). What it does with the PS (joining, pushing, riding out an outage) is a ``session.Session``,
-which a user's own training loop shares (``worker.torch_loop``).
+which a user's own training loop shares (``worker.torch_loop``, which always pushes and waits).
+
+With ``runtime.pipeline_depth`` 1, while its orders say ``pipeline`` (the PS decides, for the protocol in
+force), a worker computes step k+1 on the values it has while push k is in flight on the session's thread,
+then waits for reply k, sends push k+1 and loads reply k's values: its pushes are one step staler, and
+say so (each carries the version of the values it was computed on). The concurrency contract, while push
+k is in flight (it reads its payload and may write its reply buffer and the segment's areas):
+
+- step k+1 writes its payload into the other of two private buffers, never the segment's gradient area
+  (the PS may still be reading it): a push through shared memory copies its payload there (one copy a
+  step; gRPC bytes none beyond today's);
+- the model runs at values no reply writes: push k's reply goes into the one of two private values
+  buffers the model does not run at, or, through shared memory, is copied there out of the segment's
+  values area (one copy a step; none through gRPC), and is staged from there.
+
+An order without ``pipeline`` (a switch to a round protocol) ends it: the step computed meanwhile is pushed
+at once, as a stale push the PS's rules judge and count, and the worker pushes and waits again.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+import numpy as np
 
 from switchps.config.run import RunConfig
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.codec import COPIES
+from switchps.straggler_trace import StepDelays
+from switchps.worker.client import Reply
 from switchps.worker.session import Session
 from switchps.workload.data import share, share_size
 from switchps.workload.frameworks import Computer, framework
@@ -30,28 +52,116 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     gc.warm_up(cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     ps = Session(cfg, index, gc.weights.layout(), gc.size, share_size(n, index, cfg.cluster.num_workers), gc.read,
                  framework=cfg.model.framework, device=str(gc.device))
-    params = gc.buffer()  # the framework reads the values a reply leaves here in place (as a segment's)
-    reply = ps.pull(params)
-    started = ps.received_at
-    gc.assign(params)
-    log.info("worker %d: %d samples, model v%d", index, gc.samples, reply.order.version)
-    runner = StepRunner(gc, make_sampler(cfg.data.sampling, gc.samples, cfg.seed, index), cfg.device.samples_per_s,
-                        ps.clock)
-    stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index, num_workers=cfg.cluster.num_workers)
-    warned: set[str] = set()
-    while not ps.order.stop:
-        order = ps.order
-        delays = stragglers.plan(ps.step, ps.received_at - started)
-        gc.payload_to = ps.payload_area  # the step writes its payload where the push sends it from
-        s = runner.run(order, ps.received_at, delays)
-        _warn_once(warned, index, s, order, stragglers)
-        reply = ps.push(s.grad, s.samples, params, compute_s=s.compute_s, sleep_s=s.sleep_s, loss_sum=s.loss_sum,
-                        delay_sleep_s=delays.sleep_s, delay_factor=delays.factor, delay_comm_s=delays.comm_s,
-                        batch_exhausted=s.exhausted)
-        if reply.fresh:  # loaded inside the next step's gradient call, counted in its compute_s
-            gc.stage(reply.values)  # params, or the segment's values area: rewritten only by the next push's reply
-    ps.close()
+    try:
+        params = gc.buffer()  # the framework reads the values a reply leaves here in place (as a segment's)
+        reply = ps.pull(params)
+        gc.assign(params)
+        log.info("worker %d: %d samples, model v%d", index, gc.samples, reply.order.version)
+        worker = Worker(cfg, index, gc, ps, params)
+        while not ps.order.stop:
+            if cfg.runtime.pipeline_depth and ps.order.pipeline:
+                worker.overlapped()
+            else:
+                worker.step()
+    finally:
+        ps.close()
     return ps.step
+
+
+class Worker:
+    """Worker ``index``'s steps against its session ``ps``; see the module docstring."""
+
+    def __init__(self, cfg: RunConfig, index: int, gc: Computer, ps: Session, params: np.ndarray) -> None:
+        self.index, self.gc, self.ps, self.params = index, gc, ps, params
+        self.runner = StepRunner(gc, make_sampler(cfg.data.sampling, gc.samples, cfg.seed, index),
+                                 cfg.device.samples_per_s, ps.clock)
+        self.stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index,
+                                            num_workers=cfg.cluster.num_workers)
+        self.started = ps.received_at
+        self.warned: set[str] = set()
+        self.staged: np.ndarray | None = None
+        """The values the model runs at, read in place (None: assigned into the model, read from nowhere)."""
+        self.values: tuple[np.ndarray, np.ndarray] | None = None  # overlapping: where replies' values go
+        self.grads: tuple[np.ndarray, np.ndarray] | None = None  # overlapping: where steps' payloads go
+
+    def step(self) -> None:
+        """One step as without overlap: the payload written where the push sends it from, pushed, waited for."""
+        ps = self.ps
+        self.gc.payload_to = ps.payload_area
+        s, delays = self._compute(ps.order, ps.step, ps.received_at)
+        reply = ps.push(s.grad, s.samples, self.params, **_stats(s, delays, overlapped=False))
+        self._stage(reply)
+
+    def overlapped(self) -> None:
+        """Steps while the orders say ``pipeline``, each computed while the previous one's push is in flight;
+        returns with no push in flight."""
+        ps, clock = self.ps, self.ps.clock
+        if self.values is None or self.grads is None:
+            self.values = self.params, self.gc.buffer()
+            self.grads = self.gc.buffer(), self.gc.buffer()  # the computer's kind of buffer (aligned)
+        order, base = ps.order, ps.order.version  # ``base``: the version of the values the model runs at
+        self.gc.payload_to = self.grads[0]
+        s, delays = self._compute(order, ps.step, ps.received_at)
+        its_base, overlapped, i = base, False, 0
+        while True:
+            into = self._unstaged()
+            ps.send(s.grad, s.samples, into, base_version=its_base, **_stats(s, delays, overlapped))
+            i ^= 1
+            self.gc.payload_to = self.grads[i]
+            s, delays = self._compute(order, ps.step + 1, clock.now())
+            reply = ps.receive(since=clock.now())
+            self._stage(reply, into)
+            order, its_base, overlapped, base = reply.order, base, True, reply.order.version
+            if order.stop:  # the step computed meanwhile is not pushed: training is over
+                return
+            if not order.pipeline:  # a round protocol from now on: the step computed meanwhile goes as it is
+                self._stage(ps.push(s.grad, s.samples, self.params, base_version=its_base,
+                                    **_stats(s, delays, overlapped)))
+                return
+
+    def _compute(self, order: pb.WorkOrder, step: int, received_at: float) -> tuple[Step, StepDelays]:
+        """Step number ``step`` under ``order``, received (or, overlapping, started) at ``received_at``."""
+        delays = self.stragglers.plan(step, received_at - self.started)
+        s = self.runner.run(order, received_at, delays)
+        _warn_once(self.warned, self.index, s, order, self.stragglers)
+        return s, delays
+
+    def _stage(self, reply: Reply, into: np.ndarray | None = None) -> None:
+        """Run the model at a fresh reply's values (loaded inside the next step's gradient call, counted in its
+        compute_s): read where they are, or (``into``, overlapping) first copied there out of the segment,
+        so that they are staged once, from where the next reply does not write (a GPU's copy of them may
+        still be reading them when it is sent)."""
+        if reply.fresh:
+            self._stage_at(reply.values if into is None else _copied(reply.values, into))
+
+    def _stage_at(self, values: np.ndarray) -> None:
+        self.gc.stage(values)
+        self.staged = values
+
+    def _unstaged(self) -> np.ndarray:
+        """The private values buffer the model does not run at, for the reply of a push sent while the next
+        step computes. Values staged in the segment (by a step before the overlap began), which that reply
+        rewrites, are copied out first."""
+        assert self.values is not None
+        a, b = self.values
+        if self.staged is not None and self.staged is not a and self.staged is not b:
+            self._stage_at(_copied(self.staged, a))
+        return b if self.staged is a else a
+
+
+def _copied(values: np.ndarray, into: np.ndarray) -> np.ndarray:
+    """``values`` in ``into`` (copied, and counted, unless they are there already)."""
+    if values is not into:
+        np.copyto(into, values)
+        COPIES.add(into.nbytes)
+    return into
+
+
+def _stats(s: Step, delays: StepDelays, overlapped: bool) -> dict[str, Any]:
+    """A step's statistics, as its push reports them (``pb.StepStats``)."""
+    return dict(compute_s=s.compute_s, sleep_s=s.sleep_s, loss_sum=s.loss_sum, delay_sleep_s=delays.sleep_s,
+                delay_factor=delays.factor, delay_comm_s=delays.comm_s, batch_exhausted=s.exhausted,
+                overlapped=overlapped)
 
 
 def _computer(cfg: RunConfig, index: int) -> tuple[Computer, int]:

@@ -5,8 +5,11 @@
 push through shared memory when the PS is on this host, pull, then push each step's Σ gradient with its
 sample count b, header and statistics, and keep the reply's work order. Through an outage of the PS it
 retries (``client.Reconnect``): it registers again and sends the same push, which the PS recognises by
-its (worker, session, step). ``Batches`` cuts a user's data loader into the micro-batches a work order
-allows (``steps.Budget``), so a loop it drives obeys the same budgets as a switchps worker.
+its (worker, session, step). A push may also be ``send``t on the session's own thread and its reply
+``receive``d later (``runtime.pipeline_depth`` 1: ``worker.main`` computes its next step meanwhile; a
+user's own loop, ``worker.torch_loop``, pushes and waits). ``Batches`` cuts a user's data loader into the
+micro-batches a work order allows (``steps.Budget``), so a loop it drives obeys the same budgets as a
+switchps worker.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import secrets
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -32,7 +36,8 @@ class Session:
     """Worker ``index`` of the run ``cfg`` describes, registered with ``layout`` (``size`` float32 values)
     and ``partition_size`` training samples (what ``train.epochs`` counts); ``read`` gives the initial
     values if the PS asks for them. ``framework`` and ``device`` are said at registration: the PS refuses a
-    worker of another framework than the run's. Used from one thread."""
+    worker of another framework than the run's. Used from one thread; between ``send`` and ``receive`` the
+    push runs on the session's thread, and the caller touches nothing of the session but ``receive``."""
 
     def __init__(self, cfg: RunConfig, index: int, layout: pb.Layout, size: int, partition_size: int,
                  read: Callable[[], np.ndarray], *, framework: str, device: str,
@@ -57,6 +62,8 @@ class Session:
         """When the latest reply arrived: AMB's time budget counts from it."""
         self.step = 0
         self.send_s = self.wait_s = 0.0  # the latest push's, reported with the next one
+        self._flight: tuple[Future[tuple[Reply, float]], float] | None = None  # a push sent, and when
+        self._thread: ThreadPoolExecutor | None = None
 
     def pull(self, params: np.ndarray) -> Reply:
         """The model's values into ``params`` (once it is initialized), and the first work order."""
@@ -69,22 +76,53 @@ class Session:
         """Where a payload is pushed from without a copy (the shared-memory segment's), if anywhere."""
         return self.client.payload_area
 
-    def push(self, grad: np.ndarray, samples: int, params: np.ndarray, **stats: Any) -> Reply:
-        """Push Σ gradient ``grad`` over ``samples`` samples against the current order, with the step's
-        ``stats`` (``pb.StepStats`` fields); the reply's values land in ``params`` or the segment
-        (``Reply.values``), its work order in ``order``."""
-        report = pb.StepStats(step=self.step, send_s=self.send_s, wait_s=self.wait_s, **stats)
-        header = pb.PushHeader(worker=self.index, base_version=self.order.version, samples=samples,
-                               layout_digest=self.layout.digest, stats=report, session=self.session)
+    def push(self, grad: np.ndarray, samples: int, params: np.ndarray, *, base_version: int | None = None,
+             **stats: Any) -> Reply:
+        """Push Σ gradient ``grad`` over ``samples`` samples, computed on the values of ``base_version`` (by
+        default the current order's), with the step's ``stats`` (``pb.StepStats`` fields); the reply's values
+        land in ``params`` or the segment (``Reply.values``), its work order in ``order``."""
+        header = self._header(samples, base_version, stats)
         sent = self.clock.now()
+        return self._settle(*self._exchange(header, grad, params), sent)
+
+    def send(self, grad: np.ndarray, samples: int, params: np.ndarray, *, base_version: int,
+             **stats: Any) -> None:
+        """``push``, on the session's thread: returns at once. Until ``receive`` the push reads ``grad`` and
+        may write ``params`` and the segment's areas, so the caller must leave all three alone."""
+        assert self._flight is None, "one push in flight at most"
+        header = self._header(samples, base_version, stats)
+        self._thread = self._thread or ThreadPoolExecutor(1, thread_name_prefix="switchps-push")
+        self._flight = self._thread.submit(self._exchange, header, grad, params), self.clock.now()
+
+    def receive(self, since: float) -> Reply:
+        """The reply to the push ``send`` sent, once it arrives. Its ``send_s`` counts from ``since`` (when
+        the caller's compute ended) or from the send, whichever is later: the time the worker waited."""
+        assert self._flight is not None, "no push in flight"
+        (future, sent), self._flight = self._flight, None
+        return self._settle(*future.result(), max(sent, since))
+
+    def _header(self, samples: int, base_version: int | None, stats: dict[str, Any]) -> pb.PushHeader:
+        report = pb.StepStats(step=self.step, send_s=self.send_s, wait_s=self.wait_s, **stats)
+        version = self.order.version if base_version is None else base_version
+        return pb.PushHeader(worker=self.index, base_version=version, samples=samples,
+                             layout_digest=self.layout.digest, stats=report, session=self.session)
+
+    def _exchange(self, header: pb.PushHeader, grad: np.ndarray, params: np.ndarray) -> tuple[Reply, float]:
+        """The push through outages, and when its reply arrived."""
         reply = self.retry(lambda: self.client.push(header, grad, params))
-        self.received_at = self.clock.now()
-        self.send_s, self.wait_s = self.received_at - sent, reply.reply.wait_s
+        return reply, self.clock.now()
+
+    def _settle(self, reply: Reply, arrived: float, waited_from: float) -> Reply:
+        """Keep a reply's order, and its times for the next push's report."""
+        self.received_at = arrived
+        self.send_s, self.wait_s = max(0.0, arrived - waited_from), reply.reply.wait_s
         self.order = reply.order
         self.step += 1
         return reply
 
     def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True, cancel_futures=True)
         self.client.close()
 
 

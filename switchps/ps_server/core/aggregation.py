@@ -6,8 +6,9 @@ rule answers with an ``Effect``: the aggregate it joins, updates to apply now, h
 whether this pusher waits, or why it is dropped. Time is an argument, never read. Like ps-lite's
 request handlers, the rules differ only in which replies they release, and when:
 - ``Rounds`` (bsp, fmb, amb, backup): each worker in the barrier pushes once per version; the round,
-  minus ``backup_workers`` late pushes, becomes one update and releases everyone. A round older than
-  ``deadline_s`` completes without its missing workers.
+  minus ``backup_workers`` late pushes, becomes one update and releases everyone; a stale push is dropped,
+  but for one a pipelined worker computed on the version before (``Push.lag``: ``runtime.pipeline_sync``).
+  A round older than ``deadline_s`` completes without its missing workers.
 - ``OnArrival`` (asp): every push is one update, at once. ``Bounded`` (ssp): the same, but a worker
   more than ``s`` pushes ahead of the slowest active worker waits.
 - ``EveryK`` (kasync): one update of the first K pushes, whatever their versions; nobody waits.
@@ -106,7 +107,7 @@ class Rounds(AggregationRule):
         excluded = p.worker in m.excluded
         joins = p.worker in self.joins or (excluded and self.s.excluded_pushes == "join")
         self.joins.discard(p.worker)
-        if p.staleness and not joins:
+        if p.staleness > p.lag and not joins:
             return Effect(drop="excluded_stale" if excluded else "backup" if self.s.backup_workers else "late")
         r = self.round = self.round or Aggregate(started=p.arrived)
         if p.worker in r.workers:

@@ -31,6 +31,9 @@ class Push:
     squares: float = 0.0
     """Its gradient's squared L2 norm, checked against ``runtime.max_grad_norm`` (on a sharded PS's shard 0,
     part 0's, to which shard 0 adds the other parts'); not saved in a checkpoint: a saved push was checked."""
+    lag: int = 0
+    """The staleness its worker's pipeline gives it by design, which a round tolerates (1: computed while the
+    worker's previous push was in flight, under ``runtime.pipeline_sync``); set by the core when it arrives."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class StepReport:
     delay_factor: float = 0.0
     delay_comm_s: float = 0.0
     batch_exhausted: bool = False
+    overlapped: bool = False
+    """Computed while the worker's previous push was in flight (``runtime.pipeline_depth`` 1)."""
 
 
 @dataclass(eq=False)
@@ -132,6 +137,8 @@ class WorkOrder:
     """None: no time budget (the wire says 0)."""
     micro_batch: int
     stop: bool
+    pipeline: bool = False
+    """The worker may compute its next step while this step's push is in flight (``runtime.pipeline_depth``)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from switchps.config.protocol import ProtocolSpec
-from switchps.config.run import SwitchSpec, TrainSpec
+from switchps.config.run import Pipeline, SwitchSpec, TrainSpec
 from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server.core.consulting import Consulting
 from switchps.ps_server.core.admission import Orders, Receipts
@@ -44,7 +44,8 @@ class Core:
     def __init__(self, protocol: ProtocolSpec, train: TrainSpec, num_workers: int, *,
                  startup_timeout_s: float = 120.0, on_switch: SwitchSpec | None = None, momentum: float = 0.0,
                  policy: Policy | None = None, every_k: int = 10, window: int = 5,
-                 targets: Sequence[ProtocolSpec] = ()) -> None:
+                 targets: Sequence[ProtocolSpec] = (), pipeline: Pipeline = Pipeline()) -> None:
+        self.pipeline = pipeline
         self.lifecycle = Lifecycle(train, Membership(num_workers), startup_timeout_s)
         self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members, targets)
         self.consulting = Consulting(policy, every_k, window, num_workers)
@@ -86,7 +87,8 @@ class Core:
     def work_order(self, worker: int = -1) -> WorkOrder:
         """The work order ``worker`` would get now (-1: a reader such as the evaluator, who computes nothing)."""
         b = self.switching.protocol.work.budget(worker, self.consulting.batches)
-        return WorkOrder(self.spec.name, self.version, b.samples, b.time_budget_s, b.micro_batch, self.done)
+        return WorkOrder(self.spec.name, self.version, b.samples, b.time_budget_s, b.micro_batch, self.done,
+                         self.pipeline.overlaps(self.switching.protocol.asynchronous))
 
     def issue(self, worker: int, now: float, step: bool = False) -> WorkOrder:
         """``work_order``, given to ``worker`` at ``now``: it bounds the worker's next push (``orders``).
@@ -143,6 +145,7 @@ class Core:
         self.receipts.note(p)
         self.consulting.note_step(p, report)
         p.staleness = self.version - p.base_version
+        p.lag = int(self.pipeline.sync and report.overlapped)
         if self.done or p.staleness < 0:  # < 0: computed on a version lost in a crash
             self.outbox.drop(p, "finished" if self.done else "lost_version", self.version)
             return self._flush(now)

@@ -402,7 +402,7 @@ class ParameterServer:
 
 def _report(s: pb.StepStats) -> StepReport:
     return StepReport(s.compute_s, s.sleep_s, s.send_s, s.wait_s, s.step, s.loss_sum, s.delay_sleep_s,
-                      s.delay_factor, s.delay_comm_s, s.batch_exhausted)
+                      s.delay_factor, s.delay_comm_s, s.batch_exhausted, s.overlapped)
 
 
 def _order(o: WorkOrder) -> pb.WorkOrder:
