@@ -147,7 +147,7 @@ def transport(args: argparse.Namespace) -> dict:
     cases = [(s, p) for s in args.shards for p in paths if not (s == 1 and p == "followers_bytes")]
     for mb in args.sizes_mb:
         nbytes = int(mb * 2**20) // 4096 * 4096
-        times: dict[tuple[int, str], list[float]] = {c: [] for c in cases}
+        times: dict[tuple[int, str], list[list[float]]] = {c: [] for c in cases}  # per block
         cpu: dict[tuple[int, str], list[list[float]]] = {c: [] for c in cases}
         for _ in range(args.blocks):  # alternate, so drift on a noisy machine hits every case alike
             for s, path in cases:
@@ -162,23 +162,33 @@ def transport(args: argparse.Namespace) -> dict:
                     for p in procs:
                         p.kill()
                         p.wait()
-                times[(s, path)] += t
+                times[(s, path)].append(t)
                 cpu[(s, path)].append(c)
         results.append(_summary(mb, nbytes, times, cpu))
     return {"benchmark": "transport_by_shards", "shard_max_mb": {mb: max_mb(mb, args.shards) for mb in args.sizes_mb},
             "cpus": os.cpu_count(), "round_trips_per_case": args.reps * args.blocks, "results": results}
 
 
-def _summary(mb: float, nbytes: int, times: dict[tuple[int, str], list[float]],
+def _summary(mb: float, nbytes: int, times: dict[tuple[int, str], list[list[float]]],
              cpu: dict[tuple[int, str], list[list[float]]]) -> dict:
-    """Per case (``"SHARDS PATH"``): the median, its ratio to the fewest shards through shared memory
-    (or the first case), and each role's CPU seconds per round trip."""
-    med = {c: statistics.median(v) for c, v in times.items()}
+    """Per case (``"SHARDS PATH"``): the median, its speedup over the baseline (the fewest shards through
+    shared memory, or the first case) block by block (each block's medians a pair: geometric mean and
+    95 % interval, ``steps.ratio_summary``), and each role's CPU seconds per round trip."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from steps import ratio_summary  # noqa: E402 - a sibling benchmark's helper
+
+    med = {c: statistics.median(t for block in v for t in block) for c, v in times.items()}
     base = min(med, key=lambda c: (c[0], c[1] != "shared"))
+
+    def speedup(case: tuple[int, str], over: tuple[int, str]) -> dict:
+        return ratio_summary([statistics.median(b) / statistics.median(a) for a, b in zip(times[case], times[over])])
+
     return {"size_mb": mb, "parameters": nbytes // 4, "baseline": f"{base[0]} {base[1]}", "cases": {
         f"{s} {path}": {"shards": s, "path": path, "median_ms": round(1e3 * m, 2),
                         "gb_s": round(2 * nbytes / m / 1e9, 3), "time_vs_baseline": round(m / med[base], 3),
-                        "speedup_vs_baseline": round(med[base] / m, 3),
+                        "speedup_vs_baseline": speedup((s, path), base),
+                        **({"speedup_vs_followers_bytes": speedup((s, path), (s, "followers_bytes"))}
+                           if path == "shared" and (s, "followers_bytes") in times else {}),
                         "cpu_s_per_round_trip": dict(zip(["client", "shard0", *(f"shard{k}" for k in range(1, s))],
                                                          (round(statistics.mean(c), 4) for c in zip(*cpu[(s, path)]))))}
         for (s, path), m in med.items()}}
