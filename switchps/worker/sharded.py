@@ -78,7 +78,7 @@ class ShardedClient:
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """Every shard's part of the push at once; ``params`` gets every shard's part of the reply."""
-        parts = self.partition.split(grad_sum)
+        parts = self.partition.split(grad_sum, [c.payload_area for c in self.clients])  # into the segments
         header.attempt = secrets.randbits(62)
         followers = self._each("PushPart", pb.PartKey(worker=header.worker, session=header.session,
                                                       step=header.stats.step, attempt=header.attempt), parts)
