@@ -30,6 +30,10 @@ def test_every_element_is_in_one_part_and_split_then_join_is_bit_identical(specs
     parts = p.split(v)
     assert [len(x) for x in parts] == p.sizes()
     assert p.join(parts).tobytes() == v.tobytes()
+    into = [np.empty(n, np.float32) if k % 2 == 0 else None for k, n in enumerate(p.sizes())]  # even shards: segments
+    written = p.split(v, into)
+    assert all(w is b for w, b in zip(written, into) if b is not None), "written where given, no other copy"
+    assert [w.tobytes() for w in written] == [x.tobytes() for x in parts]
 
 
 def test_one_shard_holds_the_whole_vector_as_one_view():

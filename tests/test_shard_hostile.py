@@ -151,6 +151,28 @@ def test_three_orphan_parts_are_refused_and_counted_three_times(make):
     assert s.ps.rec.rejections == {} and s.followers[0].store.version == s.ps.core.version == 0
 
 
+def test_an_orphan_part_through_a_segment_is_refused_counted_and_its_worker_attaches_with_its_token(make):
+    """Through the follower's socket too: the token is checked, and a part shard 0 never names expires."""
+    s = make(2, tokens=True, protocol={"name": "asp"}, follower_timeout_s=0.5)
+    n = s.clients[0].partition.sizes()[1]
+    stranger, client = part_client(s, "worker", 1), part_client(s, "worker", 0)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            stranger.attach(0, n * 4)  # worker 1's token, attaching as worker 0
+        assert e.value.code() == StatusCode.PERMISSION_DENIED
+        assert client.attach(0, n * 4) and client.socket_path
+        with pytest.raises(grpc.RpcError) as e:
+            client.part("PushPart", part_header(s, 0, 100), np.ones(n, np.float32), np.empty(n, np.float32))
+        assert e.value.code() == StatusCode.ABORTED
+    finally:
+        stranger.close()
+        client.close()
+    summary = s.followers[0].summary()
+    assert summary["rejections"] == {"attach:identity": 1, "push_part:orphan": 1}
+    assert summary["parts_waiting"] == 0 and summary["bytes_in_shared"] == n * 4
+    assert s.ps.rec.rejections == {} and s.followers[0].store.version == s.ps.core.version == 0
+
+
 def test_a_follower_refuses_a_token_for_a_worker_that_does_not_exist_or_another_worker(make):
     s = make(2, tokens=True, protocol={"name": "asp"})
     n = s.clients[0].partition.sizes()[1]

@@ -21,6 +21,7 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import make_layout
 from switchps.config.security import TLSSpec
 from switchps.ps_server.shard.follower import Follower
+from switchps.ps_server.rpc.attachments import Attachments
 from switchps.ps_server.rpc.main import build_ps, prepare_run_dir
 from switchps.ps_server.store import ModelStore
 from switchps.ps_server.optimizers import optimizer_factory
@@ -185,6 +186,74 @@ def test_a_part_refused_by_shard_zero_is_dropped_by_the_followers(make):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert [f.summary()["parts_dropped"] for f in s.followers] == [1, 1], "not kept until they expire"
     assert s.ps.core.version == 0
+
+
+def attached(s: Sharded) -> Sharded:
+    """Every worker's parts through a segment per shard, as a worker on the shards' host attaches."""
+    for i, c in enumerate(s.clients):
+        assert c.attach(i, SIZE * 4) and all(k.segment is not None for k in c.clients), "every shard is here"
+    return s
+
+
+def test_every_shard_takes_its_part_through_a_segment_and_applies_what_grpc_bytes_apply(make):
+    """Fails where followers take parts only as gRPC bytes: no segment, nothing counted as shared."""
+    grpc_bytes, shared = make(3, protocol={"name": "asp"}), attached(make(3, protocol={"name": "asp"}))
+    asp_rounds(grpc_bytes, 6)
+    asp_rounds(shared, 6)
+    assert np.array_equal(shared.values(), grpc_bytes.values()), "bit-identical parameters"
+    out = np.empty(SIZE, np.float32)
+    reply = shared.clients[0].push(pb.PushHeader(worker=0, base_version=12, samples=4, layout_digest=LAYOUT.digest,
+                                                 session=7, stats=pb.StepStats(step=6)), grads(0, 6), out)
+    assert reply.fresh and np.array_equal(out, shared.values()), "the reply's parts, joined from every segment"
+    for f, g in zip(shared.followers, grpc_bytes.followers):
+        r, nbytes = f.summary(), f.store.values.nbytes
+        assert r["bytes_in_shared"] == 13 * nbytes and r["bytes_in"] == (1 + 13) * nbytes, "init as bytes"
+        assert r["bytes_out_shared"] == 13 * nbytes and r["rejections"] == {}
+        assert g.summary()["bytes_in_shared"] == g.summary()["bytes_out_shared"] == 0
+
+
+def test_a_non_finite_part_in_a_followers_segment_is_refused_counted_and_changes_no_shard(make):
+    s = attached(make(3, protocol={"name": "asp"}))
+    asp_rounds(s, 1)
+    before = s.values()
+    bad = grads(0, 1)
+    (a, _), = s.clients[0].partition.ranges(1)[:1]
+    bad[a] = np.nan  # in shard 1's part only
+    with pytest.raises(grpc.RpcError) as e:
+        push(s.clients[0], 0, 1, bad, s.ps.core.version)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "PS shard 1" in e.value.details()
+    assert np.array_equal(s.values(), before) and s.ps.core.version == 2
+    assert s.ps.rec.rejections["push:shard1:non_finite"] == 1
+    assert s.followers[0].rejections["push_part:non_finite"] == 1
+    assert s.followers[0].summary()["parts_waiting"] == 0, "nothing of the refused part kept"
+    push(s.clients[0], 0, 1, grads(0, 1), s.ps.core.version)  # the worker goes on, through the segment
+    assert s.ps.core.version == 3
+    assert s.followers[0].summary()["bytes_in_shared"] == 3 * s.followers[0].store.values.nbytes, "3 parts whole"
+
+
+def test_a_worker_attaches_again_when_a_follower_has_forgotten_its_segment(make):
+    """A follower that restarted between two pushes has no segment of the worker's: its part is refused
+    (``NOT_ATTACHED``), and the client attaches a new segment to that follower and sends the part again."""
+    s = attached(make(2, protocol={"name": "asp"}))
+    follower, client = s.followers[0], s.clients[0].clients[1]
+    first = client.segment
+    forgot = Attachments()  # what a restarted follower has: its socket, and no segments
+    forgot.socket, forgot._local = follower.segments.socket, follower.segments._local
+    follower.segments = forgot
+    assert push(s.clients[0], 0, 0, grads(0, 0), 0).order.version == 1
+    assert client.segment is not None and client.segment is not first
+    assert follower.rejections == {"push_part:not_attached": 1} and s.ps.rec.rejections == {}
+    assert follower.summary()["bytes_in_shared"] == follower.store.values.nbytes
+
+
+def test_a_follower_whose_socket_is_out_of_reach_is_on_another_host_and_takes_bytes(make):
+    s = make(2, protocol={"name": "asp"})
+    s.followers[0].segments.socket = "@switchps-ps-" + "0" * 32  # as another host sees the follower's socket
+    assert not s.clients[0].attach(0, SIZE * 4), "not every shard's part through shared memory"
+    assert s.clients[0].clients[0].segment is not None and s.clients[0].clients[1].segment is None
+    assert push(s.clients[0], 0, 0, grads(0, 0), 0).order.version == 1
+    r = s.followers[0].summary()
+    assert r["bytes_in_shared"] == 0 and r["bytes_in"] == 2 * s.followers[0].store.values.nbytes
 
 
 def test_a_bsp_round_completes_on_every_shard_at_once(make):

@@ -57,6 +57,8 @@ def test_three_shards_train_to_the_same_bits_as_one(tmp_path):
         ["tensorflow", "cpu", "1", "1"], ["tensorflow", "cpu", "3", "1"]], table
     shards = shard_records(run_dir)
     assert [s["final_version"] for s in shards] == [50, 50] and [s["parts_applied"] for s in shards] == [100, 100]
+    for s in shards:  # the workers share the shards' host: every push's part came through a segment
+        assert s["bytes_in_shared"] == s["bytes_in"] - 4 * s["parameters"] == 100 * 4 * s["parameters"]
     status = subprocess.run([SWITCHPS, "status", str(run_dir)], capture_output=True, text=True, timeout=60)
     assert "PS shard 1" in status.stdout and "PS shard 2" in status.stdout and "v50, 50 updates" in status.stdout
     shard1 = scalars(read_events(run_dir / "tensorboard" / "shard-1"))
@@ -121,6 +123,7 @@ def test_a_killed_shard_takes_every_shard_back_to_the_last_checkpoint_and_the_ru
                   if json.loads(x)["event"] == "resumed"]
     for s in shard_records(run_dir):  # every shard went back to the version shard 0 resumed from
         assert s["resumed_at"] == resumed["version"] and s["resumed_at"] + s["updates"] == s["final_version"] == 300
+        assert s["bytes_in_shared"] == s["bytes_in"] > 0, "after the restart, parts through segments attached again"
     exported = subprocess.run([SWITCHPS, "export", str(run_dir)], capture_output=True, text=True, timeout=120)
     assert exported.returncode == 0, exported.stderr[-3000:]
     final = keras.models.load_model(run_dir / "model.keras").get_weights()

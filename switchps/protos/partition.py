@@ -70,13 +70,22 @@ class Partition:
                 out.append((p.start, p.end))
         return out
 
-    def split(self, vector: np.ndarray) -> list[np.ndarray]:
-        """Each shard's part of ``vector`` (a view when the part is one range, else a copy)."""
+    def split(self, vector: np.ndarray, into: Sequence[np.ndarray | None] = ()) -> list[np.ndarray]:
+        """Each shard's part of ``vector``: copied into ``into[shard]`` where that is given (an array of the
+        part's size: a worker's shared-memory segment, so the part is copied once), else a view when the
+        part is one range, else a copy."""
         if vector.shape != (self.total,):
             raise ValueError(f"expected a vector of {self.total} elements, got shape {vector.shape}")
         out = []
         for shard in range(self.shards):
-            ranges = self.ranges(shard)
+            ranges, buffer = self.ranges(shard), into[shard] if shard < len(into) else None
+            if buffer is not None:
+                at = 0
+                for a, b in ranges:
+                    buffer[at:at + b - a] = vector[a:b]
+                    at += b - a
+                out.append(buffer)
+                continue
             out.append(vector[ranges[0][0]:ranges[0][1]] if len(ranges) == 1 else
                        np.concatenate([vector[a:b] for a, b in ranges]) if ranges else vector[:0])
         return out

@@ -203,17 +203,12 @@ class PSClient:
         """Push a summed gradient; the reply's values are in its ``values`` (``params``, or the attached
         segment). Through a segment only the header is sent; otherwise a gradient of at most
         ``codec.whole_limit`` goes as one message each way (``PushSmall``), a larger one as a stream of chunks."""
-        header.nbytes = grad_sum.nbytes
-        header.shared = self.segment is not None and self.segment.nbytes == grad_sum.nbytes
-        if header.shared:
-            try:
-                return self._push_shared(header, grad_sum, params)
-            except grpc.RpcError as e:  # the PS restarted between two pushes: it has no segment of ours
-                if e.code() != grpc.StatusCode.FAILED_PRECONDITION or NOT_ATTACHED not in (e.details() or ""):
-                    raise
-                if self.attach(header.worker, grad_sum.nbytes):
-                    return self._push_shared(header, grad_sum, params)
-                header.shared = False
+        header.nbytes, header.shared = grad_sum.nbytes, True
+        shared = self.through_segment(header.worker, grad_sum.nbytes,
+                                      lambda: self._push_shared(header, grad_sum, params))
+        if shared is not None:
+            return shared
+        header.shared = False
         if grad_sum.nbytes <= whole_limit(self.chunk_bytes):
             reply = self._push_small(whole_frame(header, grad_sum), timeout=self.timeout_s, metadata=self._md)
             return self._read_reply(iter([reply]), params, pb.PushReply)
@@ -226,14 +221,39 @@ class PSClient:
         area), if any: a computer writes its payload there (``GradientComputer.payload_to``)."""
         return None if self.segment is None else self.segment.grad
 
+    def through_segment(self, worker: int, nbytes: int, send: Callable[[], T]) -> T | None:
+        """``send()``'s result if a payload of ``nbytes`` goes through the attached segment; after a restart
+        of the PS (it has no segment of ours: ``NOT_ATTACHED``), attach a new one and send again; None if
+        the payload goes as gRPC bytes (no segment, or none any more)."""
+        if self.segment is None or self.segment.nbytes != nbytes:
+            return None
+        try:
+            return send()
+        except grpc.RpcError as e:  # the PS restarted between two pushes: it has no segment of ours
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION or NOT_ATTACHED not in (e.details() or ""):
+                raise
+            return send() if self.attach(worker, nbytes) else None
+
     def _push_shared(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """A push whose payload and reply values go through ``self.segment``; only the header is sent."""
-        assert self.segment is not None
-        if grad_sum.ctypes.data != self.segment.grad.ctypes.data:  # not written there already
-            np.copyto(self.segment.grad, grad_sum)
-            COPIES.add(grad_sum.nbytes)
+        segment = self._into_segment(grad_sum)
         frame = self._send_shared(next(encode(header)))
-        return self._read_reply(iter([frame]), params, pb.PushReply, self.segment)
+        return self._read_reply(iter([frame]), params, pb.PushReply, segment)
+
+    def _part_shared(self, header: pb.PartHeader, part: np.ndarray) -> tuple[pb.PartReply, np.ndarray]:
+        """A follower shard's part of a push through ``self.segment``; only the header is sent. The reply,
+        and where the reply's part is: the segment's values area."""
+        segment = self._into_segment(part)
+        reply, _ = decode_header(self._send_shared(next(encode(header))), pb.PartReply)
+        return reply, segment.values
+
+    def _into_segment(self, payload: np.ndarray) -> Segment:
+        """``self.segment``, ``payload`` in its gradient area."""
+        assert self.segment is not None
+        if payload.ctypes.data != self.segment.grad.ctypes.data:  # not written there already
+            np.copyto(self.segment.grad, payload)
+            COPIES.add(payload.nbytes)
+        return self.segment
 
     def _send_shared(self, request: bytes) -> bytes:
         """A shared push's request, through the PS's socket if there is one, else a ``PushSmall`` call; its
@@ -246,13 +266,18 @@ class PSClient:
                 self._open_line()
         return self._push_small(request, timeout=self.timeout_s, metadata=self._md)
 
-    def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:
-        """A follower shard's part of a push (``PushPart``) or of the initial values (``InitPart``); the
-        part of the parameters in the reply is written into ``out``."""
+    def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray,
+             ) -> tuple[pb.PartReply, np.ndarray]:
+        """A follower shard's part of a push (``PushPart``: through the attached segment if there is one)
+        or of the initial values (``InitPart``); the reply, and where the reply's part of the parameters
+        is: ``out``, or the segment's values area."""
         header.nbytes = part.nbytes
+        if rpc == "PushPart" and (shared := self.through_segment(
+                header.key.worker, part.nbytes, lambda: self._part_shared(header, part))) is not None:
+            return shared
         frames = self._parts[rpc](encode_array(header, part, self.chunk_bytes), timeout=self.timeout_s,
                                   metadata=self._md)
-        return self._read_part(frames, out)
+        return self._read_part(frames, out), out
 
     def pull_part(self, out: np.ndarray, worker: int, min_version: int) -> pb.PartReply:
         """A follower shard's part of the parameters, at ``min_version`` (shard 0's) or newer."""

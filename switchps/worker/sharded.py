@@ -5,7 +5,9 @@
 ``runtime.shard_max_mb``, so every role computes the same one), sends part 0 to shard 0 (the PS that
 decides) and part k to follower shard k, all at once, and joins the parts of the reply. A push's parts
 carry its name (worker, session, step), by which shard 0 and the followers agree on what they apply.
-A step is complete when every shard has answered; the reply's work order is shard 0's. With one
+A step is complete when every shard has answered; the reply's work order is shard 0's. Once attached
+(``attach``), a push's part for a shard on this host, shard 0 or a follower, goes through a
+shared-memory segment of that shard's own, and so does that shard's part of the reply. With one
 address, ``connect`` returns a plain ``PSClient``: an unsharded PS pays nothing for this.
 """
 
@@ -58,8 +60,9 @@ class ShardedClient:
         return reply
 
     def attach(self, worker: int, nbytes: int) -> bool:
-        """Shard 0's part through shared memory if shard 0 is on this host (followers' stay on gRPC)."""
-        return self.clients[0].attach(worker, self.parts[0].nbytes)
+        """Each shard's part of a push through a segment of its own, sized for that part, if that shard is
+        on this host (the others' go as gRPC bytes); whether every shard's does."""
+        return all([c.attach(worker, part.nbytes) for c, part in zip(self.clients, self.parts)])
 
     @property
     def socket_path(self) -> str:
@@ -75,15 +78,15 @@ class ShardedClient:
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """Every shard's part of the push at once; ``params`` gets every shard's part of the reply."""
-        parts = self.partition.split(grad_sum)
+        parts = self.partition.split(grad_sum, [c.payload_area for c in self.clients])  # into the segments
         header.attempt = secrets.randbits(62)
         followers = self._each("PushPart", pb.PartKey(worker=header.worker, session=header.session,
                                                       step=header.stats.step, attempt=header.attempt), parts)
         header.layout_digest = self.layouts[0].digest
         reply = _together(lambda: self.clients[0].push(header, np.ascontiguousarray(parts[0]), self.parts[0]),
                           followers)
-        if reply.fresh:  # shard 0's part is in its segment if it came through shared memory
-            self.partition.join([reply.values, *self.parts[1:]], out=params)
+        if reply.fresh:  # a shard's part is in its segment if it came through shared memory
+            self.partition.join([reply.values, *(f.result()[1] for f in followers)], out=params)
         return Reply(reply.reply, reply.fresh, params)
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,

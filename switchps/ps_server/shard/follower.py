@@ -9,6 +9,12 @@ finite), keeps it by the push's name and reports a ``Verdict`` to shard 0 on its
 names, change the optimizer, answer a released push with the part at the version now applied, or drop a
 push another shard refused.
 
+A worker on this shard's host sends its parts of pushes through a shared-memory segment of its own, as
+it sends part 0 to shard 0 (``protos/segment.py``, ``rpc/attachments.py``: the same ``Attach``, the
+same Unix socket): only the part's header crosses the socket (``push_small``), the part is copied out
+of the segment before it is checked, and the reply's part is written into it. A worker on another host
+sends its parts as gRPC bytes (``PushPart``). Either way a part meets the same checks and waits.
+
 A part whose push shard 0 never names (the worker died between its calls, or sent only here) is dropped
 after twice ``runtime.receive_timeout_s``; the call waiting for it is refused (ABORTED) and counted,
 once, as ``push_part:orphan`` (``init_part:orphan``). Such parts cannot pile up meanwhile: a part holds
@@ -40,10 +46,11 @@ import numpy as np
 
 from switchps.security.channels import ClientSecurity
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.codec import PayloadWriter, aencode, grpc_options
-from switchps.protos.requests import decode, fill, first_frame
+from switchps.protos.codec import PayloadWriter, aencode, encode, grpc_options
+from switchps.protos.requests import decode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
 from switchps.protos.partition import of_layout, part_layout
+from switchps.ps_server.rpc.attachments import Attachments, write_values
 from switchps.ps_server.rpc.guard import Guard, as_worker
 from switchps.ps_server.core.actions import Apply, Count, Free, Join, Record, Release, SetOptimizer, execute
 from switchps.ps_server.snapshot import Snapshot
@@ -95,6 +102,8 @@ class Follower:
         self._layout: pb.Layout | None = None
         self._set_up: asyncio.Event | None = None
         self._applied: asyncio.Event | None = None
+        self.segments = Attachments()
+        """The segments of the workers on this host, for their parts (``attach``), as shard 0's."""
 
     # ---- the Follow stream -----------------------------------------------------------------------
 
@@ -102,6 +111,7 @@ class Follower:
         """The server is up (on its loop): attach to shard 0."""
         self._out, self._set_up, self._applied = asyncio.Queue(), asyncio.Event(), asyncio.Event()
         asyncio.get_running_loop().create_task(self._follow())
+        self.segments.listen(self)  # the parts of this host's workers, past gRPC
 
     async def _follow(self) -> None:
         assert self._out is not None
@@ -254,25 +264,51 @@ class Follower:
             yield frame
 
     async def _part(self, ctx: grpc.aio.ServicerContext, rpc: str) -> AsyncIterator[bytes]:
-        """Part k of a push (or, step -1, of the initial values): checked, kept, reported; answered once
-        shard 0 releases it, with the part at the version then applied."""
+        """Part k of a push (or, step -1, of the initial values) as gRPC bytes: answered once shard 0
+        releases it, with the part at the version then applied."""
         try:
-            key, part = await self._receive(ctx, rpc)
+            h, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.PartHeader)
+            self._as_worker(ctx, h.key.worker, rpc)
+            snapshot = await self._settle(ctx, h, first, shared=False)
         except Rejected as r:
-            refuse(ctx, self.count_rejection, rpc_name(rpc), r)
-            self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
-            return
-        loop = asyncio.get_running_loop()
-        held = loop.create_future()
-        self._held.setdefault(key, []).append(held)
-        loop.call_later(2 * self.receive_timeout_s, self._expire, key, part)
-        try:
-            snapshot = await held
-        except Rejected as r:  # dropped: refused by another shard, or an orphan
             refuse(ctx, self.count_rejection, rpc_name(rpc), r)
             return
         async for frame in self._reply(snapshot):
             yield frame
+
+    async def push_small(self, frame: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
+        """Part k of a push through its worker's segment (``attach``): ``frame`` is its header alone, from
+        the socket (``LocalPushes``, ``ctx`` a ``LocalContext``) or a ``PushSmall`` call; the reply's part
+        goes into the segment, its header is answered. Counted and refused as ``PushPart`` is."""
+        try:
+            h, inline = decode(frame, pb.PartHeader)
+            self._as_worker(ctx, h.key.worker, "PushPart")
+            segment, first = self.segments.payload(h.key.worker, inline)
+            snapshot = await self._settle(ctx, h, first, shared=True)
+        except Rejected as r:
+            refuse(ctx, self.count_rejection, "push_part", r)
+            return b""
+        await write_values(segment, snapshot)
+        self.traffic["out"] += snapshot.nbytes
+        self.traffic["out_shared"] += snapshot.nbytes
+        return next(encode(pb.PartReply(version=snapshot.version, nbytes=snapshot.nbytes)))
+
+    async def _settle(self, ctx: grpc.aio.ServicerContext, h: pb.PartHeader, first: memoryview,
+                      shared: bool) -> Snapshot:
+        """The part ``h`` names, received (``first``: its segment's area if ``shared``, else frame 0's
+        inline bytes, the stream's frames following), checked, kept and reported; then the part at the
+        version applied once shard 0 releases its push. ``Rejected`` if refused here, by another shard,
+        or as an orphan."""
+        try:
+            key, part = await self._receive(ctx, h, first, shared)
+        except Rejected:
+            self.store.buffers.discard()  # what was buffered for the refused call leaves no resident pages
+            raise
+        loop = asyncio.get_running_loop()
+        held = loop.create_future()
+        self._held.setdefault(key, []).append(held)
+        loop.call_later(2 * self.receive_timeout_s, self._expire, key, part)
+        return await held  # Rejected if dropped: refused by another shard, or an orphan
 
     async def _reply(self, snapshot: Snapshot) -> AsyncIterator[bytes]:
         self.traffic["out"] += snapshot.nbytes
@@ -280,9 +316,10 @@ class Follower:
                                    snapshot.achunks(), snapshot.nbytes):
             yield frame
 
-    async def _receive(self, ctx: grpc.aio.ServicerContext, rpc: str) -> tuple[Key, np.ndarray]:
-        h, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.PartHeader)
-        self._as_worker(ctx, h.key.worker, rpc)
+    async def _receive(self, ctx: grpc.aio.ServicerContext, h: pb.PartHeader, first: memoryview,
+                       shared: bool) -> tuple[Key, np.ndarray]:
+        """A part read whole (through a segment: copied out of it by ``fill``, then checked, so the worker
+        cannot race the checks) and kept; shard 0 told either way."""
         key = key_of(h.key)
         try:
             await self._until_set_up()
@@ -296,7 +333,7 @@ class Follower:
             with self.store.slots.holding(key[0]):
                 async with self.store.buffers.receiving(size if init else None) as part:
                     payload = PayloadWriter(part, check_finite=True)
-                    if not await fill(payload, first, ctx, self.receive_timeout_s):
+                    if not await fill(payload, first, ctx, None if shared else self.receive_timeout_s):
                         raise invalid("non_finite", "the part has NaN or inf values")
         except Rejected as r:
             self._tell(key, r)
@@ -306,6 +343,8 @@ class Follower:
             raise Rejected("ABORTED", "dropped", f"refused by another PS shard: {self._dropped[key]}")
         self._keep(key, part)
         self.traffic["in"] += part.nbytes
+        if shared:
+            self.traffic["in_shared"] += part.nbytes
         self._tell(key, None, payload.squares)
         return key, part
 
@@ -346,6 +385,24 @@ class Follower:
             self.store.buffers.discard(part)
             self._answer(key, Rejected("ABORTED", "orphan", "shard 0 never named this push"))
 
+    async def attach(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.AttachReply:
+        """Expect a worker's segment for its parts through this shard's socket, as shard 0 does
+        (``ParameterServer.attach``); its areas hold this shard's part."""
+        try:
+            req = parse(body, pb.AttachRequest)
+            self._as_worker(ctx, req.worker, "Attach")
+            await self._until_set_up()
+            return self.segments.attach(req, True, layout_size(self._part_layout()) * 4)
+        except Rejected as r:
+            self.count_rejection("attach", r)
+            await ctx.abort(getattr(grpc.StatusCode, r.code), str(r))
+            raise AssertionError("abort returned") from None  # pragma: no cover - grpc's abort always raises
+
+    def adopt_segment(self, fds: list[int], ctx: grpc.aio.ServicerContext) -> None:
+        """Map the segment that came with a connection's first frame on this shard's socket, for the worker
+        whose ``Attach`` it answers, if the connection's token is that worker's; else ``Rejected``."""
+        self.segments.adopt(fds, lambda worker: as_worker(self.guard, ctx, worker, "Attach"))
+
     async def pull_part(self, request: bytes, ctx: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Part k once the version shard 0 named is applied here (or a newer one)."""
         try:
@@ -384,6 +441,7 @@ class Follower:
                 "updates": c["apply"], "parts_applied": c["join"], "parts_freed": c["free"],
                 "parts_dropped": c["drop"], "rejections": dict(self.rejections),
                 "parameters": int(self.store.values.size), "bytes_in": t["in"], "bytes_out": t["out"],
+                "bytes_in_shared": t["in_shared"], "bytes_out_shared": t["out_shared"],
                 "mean_apply_ms": round(1e3 * self.apply_s / c["apply"], 3) if c["apply"] else None,
                 "parts_waiting": len(self._parts), "replies_held": sum(map(len, self._held.values()))}
 
@@ -391,4 +449,6 @@ class Follower:
         raw: dict = dict(request_deserializer=None, response_serializer=None)
         return {"PushPart": grpc.stream_stream_rpc_method_handler(self.push_part, **raw),
                 "InitPart": grpc.stream_stream_rpc_method_handler(self.init_part, **raw),
-                "PullPart": grpc.unary_stream_rpc_method_handler(self.pull_part, **raw)}
+                "PullPart": grpc.unary_stream_rpc_method_handler(self.pull_part, **raw),
+                "Attach": grpc.unary_unary_rpc_method_handler(self.attach, None, pb.AttachReply.SerializeToString),
+                "PushSmall": grpc.unary_unary_rpc_method_handler(self.push_small, **raw)}
