@@ -53,6 +53,7 @@ def check_run_dir(run_dir: Path, framework: str = "tensorflow", model: str = "mo
     assert (summary["framework"], summary["hosts"]) == (framework, 1), "every role of a local run is on this host"
     assert len(rows(run_dir / "ps.csv")) == summary["updates"] > 0
     assert summary["final_version"] == summary["updates"], "the final accuracy is of the last version"
+    assert summary["mean_apply_ms"] > 0, "the PS times its updates"
     evals = rows(run_dir / "eval.csv")
     assert int(evals[-1]["version"]) == summary["updates"]
     assert float(evals[-1]["test_accuracy"]) == pytest.approx(summary["final_test_accuracy"], abs=1e-6)

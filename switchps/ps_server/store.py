@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from functools import partial
@@ -97,6 +98,7 @@ class ModelStore:
         self._pending = 0
         self._writing = threading.Lock()  # held by the one item running, on whichever thread
         self._deferred: weakref.ref[Snapshot] | None = None  # the last update's deferred snapshot
+        self.apply_s, self.applied = 0.0, 0  # the updates' own time, from their start to their last block
         threading.Thread(target=self._apply_loop, name="switchps-applier", daemon=True).start()
 
     @property
@@ -204,6 +206,7 @@ class ModelStore:
     def _apply(self, u: _Update, inline: bool) -> None:
         """Update ``values``, publishing the chunks as the blocks finish (readers may wait on another
         thread); run inline, defer them instead (``Snapshot.defer``) until the next update settles them."""
+        t0 = time.perf_counter()
         self._settle()
         values, snap, grad = self.values, u.snapshot, self.sums.take(u.aggregate_id)
         per_chunk = snap.chunk_bytes // 4
@@ -215,6 +218,7 @@ class ModelStore:
                               u.lr_factor, self._lanes(), None if inline else publish):
             pass
         self.buffers.put(grad)
+        self.apply_s, self.applied = self.apply_s + time.perf_counter() - t0, self.applied + 1
         if u.on_applied:
             u.on_applied(self.optimizer.last_lr)
         if not inline:
@@ -223,6 +227,11 @@ class ModelStore:
         with self.lock:
             snap.defer(values)
             self._deferred = weakref.ref(snap)
+
+    @property
+    def mean_apply_ms(self) -> float | None:
+        """The updates' mean time, the chunks' copies for the replies included (not their wait in the queue)."""
+        return round(1e3 * self.apply_s / self.applied, 3) if self.applied else None
 
     def _lanes(self) -> Lanes:
         """The threads an item runs its blocks on: one for a model small enough to run inline."""

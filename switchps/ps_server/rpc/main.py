@@ -93,7 +93,8 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     summary = run_summary(cfg, ps.core, ps.rec, time.monotonic(), final=ps.final_eval, link=ps.link,
                           told_stop=ps.told_stop, framework=ps.framework, devices=ps.devices,
                           checkpoints=ps.checkpointer.stats.summary() if ps.checkpointer else None)
-    return ps.rec.close({**summary, **resources.in_summary(run_dir / "resources.csv")})
+    return ps.rec.close({**summary, "mean_apply_ms": ps.store.mean_apply_ms,
+                         **resources.in_summary(run_dir / "resources.csv")})
 
 
 def _final_checkpoint(ps: ParameterServer, run: Callable[[Callable[[], None]], None]) -> None:

@@ -85,8 +85,6 @@ class Follower:
         """The version this shard's part was restored at (0: started afresh)."""
         self.traffic: Counter[str] = Counter()
         """Bytes of parts received (``in``) and answered (``out``)."""
-        self.apply_s = 0.0
-        """Seconds from each update's submission to its last block applied (written by the applier)."""
         self.guard: Guard | None = None  # set by ``server.Server`` when the run has a secret
         refusals = RejectionCounter(time.monotonic, who=f"shard {shard}: ")
         self.count_rejection, self.rejections = refusals.count, refusals.counts
@@ -171,9 +169,8 @@ class Follower:
             self.store.recycle(self._take(key))
 
     def apply(self, a: Apply) -> None:
-        agg, t0 = a.aggregate, time.perf_counter()
-        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor,
-                                 on_applied=partial(self._applied_since, t0))
+        agg = a.aggregate
+        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor)
         assert snap.version == a.version, "every shard counts versions alike"
         self._note_applied()
 
@@ -225,9 +222,6 @@ class Follower:
         while len(self._dropped) > DROPS_KEPT:
             del self._dropped[next(iter(self._dropped))]
         self._answer(key, Rejected("ABORTED", "dropped", f"refused by another PS shard: {reason}"))
-
-    def _applied_since(self, t0: float, lr: float) -> None:
-        self.apply_s += time.perf_counter() - t0
 
     def _setup(self, layout: pb.Layout) -> None:
         self._layout = part_layout(layout, of_layout(layout, self.shards, self.max_bytes), self.shard)
@@ -442,7 +436,7 @@ class Follower:
                 "parts_dropped": c["drop"], "rejections": dict(self.rejections),
                 "parameters": int(self.store.values.size), "bytes_in": t["in"], "bytes_out": t["out"],
                 "bytes_in_shared": t["in_shared"], "bytes_out_shared": t["out_shared"],
-                "mean_apply_ms": round(1e3 * self.apply_s / c["apply"], 3) if c["apply"] else None,
+                "mean_apply_ms": self.store.mean_apply_ms,
                 "parts_waiting": len(self._parts), "replies_held": sum(map(len, self._held.values()))}
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
