@@ -86,9 +86,12 @@ class FakeSession:
     """The segment's gradient area."""
     flight: Flight | None = None
     pushed: list[Flight] = field(default_factory=list)
+    computer: Any = None
+    """Checked at each send: a copy to the device from the segment must be done before its next reply."""
 
     def send(self, grad: np.ndarray, samples: int, params: np.ndarray, *, base_version: int, **stats: Any) -> None:
         assert self.flight is None, "one push in flight at most"
+        assert getattr(self.computer, "uploading", None) is not self.segment, "a reply rewrites an upload's source"
         self.flight = Flight(grad, params, base_version, stats["overlapped"])
         self.pushed.append(Flight(grad.copy(), params, base_version, stats["overlapped"]))
 
@@ -115,25 +118,44 @@ class FakeSession:
 @dataclass
 class FakeComputer:
     """Computes on the staged values (or the assigned ones: version 0): its payload is their version, written
-    into ``payload_to``; checks at each step that nothing in flight is written or read by it."""
+    into ``payload_to``; checks at each step that nothing in flight is written or read by it. ``copies``: a
+    GPU's, which copies staged values to the device (``uploading`` until ``settle``) and runs at that copy."""
 
     ps: FakeSession
+    copies: bool = False
     samples: int = 100
     size: int = 3
     payload_to: np.ndarray | None = None
     staged: np.ndarray | None = None
+    uploading: np.ndarray | None = None
+    on_device: np.ndarray | None = None
+    staged_from: list[np.ndarray] = field(default_factory=list)
 
     def buffer(self) -> np.ndarray:
         return np.zeros(self.size, np.float32)
 
     def stage(self, flat: np.ndarray) -> None:
-        if self.ps.order.pipeline:  # a GPU's upload of them may still read them when the next push is sent
+        self.staged_from.append(flat)
+        if self.copies:
+            self.uploading = flat
+            return
+        if self.ps.order.pipeline:  # read in place while the next push is in flight
             assert flat is not self.ps.segment, "values staged where the next reply writes"
         self.staged = flat
 
+    def settle(self) -> bool:
+        if self.copies and self.uploading is not None:
+            self.on_device, self.uploading = self.uploading.copy(), None
+        return self.copies
+
+    def close(self) -> None:
+        pass
+
     def compute(self, rows: np.ndarray, micro_batch: int) -> tuple[np.ndarray, float]:
         flight = self.ps.flight
-        values = self.staged if self.staged is not None else np.zeros(self.size, np.float32)
+        self.settle() if self.copies else None  # the compute stream waits for the upload
+        values = self.on_device if self.copies else self.staged
+        values = values if values is not None else np.zeros(self.size, np.float32)
         if flight is not None:
             assert self.payload_to is not flight.grad, "the step writes the payload in flight"
             assert self.payload_to is not self.ps.payload_area, "the step writes the segment in flight"
@@ -143,11 +165,13 @@ class FakeComputer:
         return out, 0.0
 
 
+@pytest.mark.parametrize("copies", [False, True], ids=["in_place", "gpu"])
 @pytest.mark.parametrize("sync_from", [100, 3])
-def test_an_overlapped_step_writes_and_reads_nothing_in_flight_and_pushes_its_values_version(sync_from):
+def test_an_overlapped_step_writes_and_reads_nothing_in_flight_and_pushes_its_values_version(sync_from, copies):
     clock = FakeClock()
     ps = FakeSession(clock, stop_at=6, sync_from=sync_from)
-    gc = FakeComputer(ps)
+    gc = FakeComputer(ps, copies)
+    ps.computer = gc
     worker = Worker(RunConfig(), 0, gc, ps, gc.buffer())
     while not ps.order.stop:
         worker.overlapped() if ps.order.pipeline else worker.step()
@@ -158,6 +182,8 @@ def test_an_overlapped_step_writes_and_reads_nothing_in_flight_and_pushes_its_va
     else:  # orders without pipeline from v3: the step computed meanwhile is pushed, then push and wait
         assert versions == [0, 0, 1, 2, 4, 5] and [p.overlapped for p in ps.pushed] == [False, True, True, True,
                                                                                      False, False]
+    if copies:  # a GPU is staged straight from the segment, no host copy of the values
+        assert all(flat is ps.segment for flat in gc.staged_from)
 
 
 def _run(tmp_path: Path, protocol: dict[str, Any], runtime: dict[str, Any], workers: int = 1,

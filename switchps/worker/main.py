@@ -19,7 +19,9 @@ k is in flight (it reads its payload and may write its reply buffer and the segm
   step; gRPC bytes none beyond today's);
 - the model runs at values no reply writes: push k's reply goes into the one of two private values
   buffers the model does not run at, or, through shared memory, is copied there out of the segment's
-  values area (one copy a step; none through gRPC), and is staged from there.
+  values area (one copy a step; none through gRPC), and is staged from there. A computer that copies
+  staged values away (a GPU's upload; ``Computer.settle``) is staged from where the reply landed, and
+  the upload is waited for before the next push is sent: no host copy.
 
 An order without ``pipeline`` (a switch to a round protocol) ends it: the step computed meanwhile is pushed
 at once, as a stale push the PS's rules judge and count, and the worker pushes and waits again.
@@ -65,6 +67,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
                 worker.step()
     finally:
         ps.close()
+        gc.close()
     return ps.step
 
 
@@ -131,8 +134,16 @@ class Worker:
         compute_s): read where they are, or (``into``, overlapping) first copied there out of the segment,
         so that they are staged once, from where the next reply does not write (a GPU's copy of them may
         still be reading them when it is sent)."""
-        if reply.fresh:
-            self._stage_at(reply.values if into is None else _copied(reply.values, into))
+        if not reply.fresh:
+            return
+        if into is None:
+            self._stage_at(reply.values)
+        elif self.gc.settle():  # it copies staged values away (a GPU): from where they are, waited for
+            self.gc.stage(reply.values)
+            self.gc.settle()
+            self.staged = None  # the model runs at the device's copy: no host vector to keep
+        else:
+            self._stage_at(_copied(reply.values, into))
 
     def _stage_at(self, values: np.ndarray) -> None:
         self.gc.stage(values)
@@ -145,7 +156,10 @@ class Worker:
         assert self.values is not None
         a, b = self.values
         if self.staged is not None and self.staged is not a and self.staged is not b:
-            self._stage_at(_copied(self.staged, a))
+            if self.gc.settle():  # on the device already
+                self.staged = None
+            else:
+                self._stage_at(_copied(self.staged, a))
         return b if self.staged is a else a
 
 

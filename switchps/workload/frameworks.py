@@ -66,9 +66,19 @@ class Computer(Protocol):
 
     def stage(self, flat: np.ndarray) -> None: ...
 
+    def settle(self) -> bool:
+        """Wait until the values last staged (if any) have left their host vector, where the computer copies
+        them away (a GPU's upload): True, the caller may rewrite that vector; False, always, where the
+        computer reads them in place, so the caller keeps them until it stages another."""
+        ...
+
     def buffer(self) -> np.ndarray: ...
 
     def read(self) -> np.ndarray: ...
+
+    def close(self) -> None:
+        """Release what the computer holds beyond memory (a GPU's page-locked registrations)."""
+        ...
 
 
 class Framework(Protocol):

@@ -170,6 +170,13 @@ class GradientComputer:
         (the worker's reply buffer is written again only by the next push's reply, then staged)."""
         self._staged = flat
 
+    def settle(self) -> bool:
+        """Staged values are read in place: the caller keeps them."""
+        return False
+
+    def close(self) -> None:
+        """Nothing to release."""
+
     def _payload(self, parts: list[tf.Tensor]) -> np.ndarray:
         """The parts copied, in order, into ``payload_to`` (or a new vector): the one pass over the payload
         between TF's buffers and the place it is sent from."""

@@ -67,6 +67,10 @@ class Copies:
         self.stream.synchronize()
         return target
 
+    def settle(self) -> None:
+        """Return once every copy issued here is done (an upload's source may then be rewritten)."""
+        self.stream.synchronize()
+
     def rows(self, rows: np.ndarray) -> torch.Tensor:
         """A micro-batch's row numbers on the device, copied on the compute stream from pinned memory, the host
         not waiting (a blocking copy waits for all the device was given: the upload, the last backward)."""

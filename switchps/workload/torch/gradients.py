@@ -151,6 +151,14 @@ class TorchComputer:
         with torch.no_grad():
             copy_all(self._state, values.state)
 
+    def settle(self) -> bool:
+        """On a GPU, wait for the staged values' upload (then their host vector is free); on the CPU they
+        are read in place (False)."""
+        if self._copies is None:
+            return False
+        self._copies.settle()
+        return True
+
     def warm_up(self, batch: int, micro_batch: int) -> None:
         """Run every path twice at the step's sizes, now rather than in the first timed step (the first run
         at a new size sets up kernels and allocator pools); leaves values, state and ``payload_to`` as they
