@@ -188,11 +188,11 @@ def test_an_overlapped_step_writes_and_reads_nothing_in_flight_and_pushes_its_va
 
 def _run(tmp_path: Path, protocol: dict[str, Any], runtime: dict[str, Any], workers: int = 1,
          steps: int = 20, **sections: Any) -> tuple[dict[str, Any], list[dict], list[dict]]:
-    """A small torch logreg run on digits (``sections``: more of its config): its summary, ps.csv and
-    workers.csv rows."""
+    """A small torch logreg run on digits (``sections``: more of its config), evaluated only at its end
+    (``eval.every_s`` an hour): its summary, ps.csv and workers.csv rows."""
     raw = {"name": "pipe", "cluster": {"workers": workers}, "model": {"name": "logreg", "framework": "torch"},
            "data": {"name": "digits"}, "optimizer": {"name": "sgd", "learning_rate": 0.05},
-           "protocol": {"batch": 16, **protocol}, "train": {"steps": steps}, "eval": {"every_s": 5.0},
+           "protocol": {"batch": 16, **protocol}, "train": {"steps": steps}, "eval": {"every_s": 3600.0},
            "runtime": runtime, **sections}
     tmp_path.mkdir(exist_ok=True)
     cfg = tmp_path / "pipe.yaml"
@@ -200,6 +200,7 @@ def _run(tmp_path: Path, protocol: dict[str, Any], runtime: dict[str, Any], work
     proc, run_dir = run(tmp_path, str(cfg), timeout=240)
     assert proc.returncode == 0 and run_dir is not None, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_eval_reported"], "the evaluator scores the last version once training ends, however long eval.every_s"
     return summary, rows(run_dir / "ps.csv"), rows(run_dir / "workers.csv")
 
 

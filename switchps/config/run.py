@@ -71,7 +71,8 @@ class TrainSpec(Section):
 
 class EvalSpec(Section):
     every_s: float = Field(1.0, gt=0)
-    """Evaluate the latest model on the held-out set at most this often."""
+    """Evaluate the latest model on the held-out set at most this often; the final evaluation comes as soon as
+    training ends, however long this is."""
     target_accuracy: float | None = Field(None, gt=0, le=1)
     final_timeout_s: float = Field(60.0, gt=0)
 

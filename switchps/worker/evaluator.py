@@ -24,6 +24,9 @@ from switchps.workload.frameworks import framework
 
 log = logging.getLogger("switchps.evaluator")
 
+POLL_S = 0.5
+"""Between evaluations, how often the evaluator asks whether training is done (its final score is due then)."""
+
 
 def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
     """Score the latest model every ``eval.every_s``; once training is done, score the last version,
@@ -56,7 +59,16 @@ def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
             log.info("evaluator: final version %d, test accuracy %.4f, model written to %s", version, acc, path)
             client.close()
             return path
-        time.sleep(max(0.0, cfg.eval.every_s - (time.monotonic() - t0)))
+        _until_due(client, retry, t0 + cfg.eval.every_s)
+
+
+def _until_due(client: PSClient | ShardedClient, retry: Reconnect, due: float) -> None:
+    """Wait until ``due`` (the next evaluation), or until training is done: the final score is due at once
+    (a long ``eval.every_s`` used to hold the run's end for the PS's ``eval.final_timeout_s``)."""
+    while (left := due - time.monotonic()) > 0:
+        time.sleep(min(left, POLL_S))
+        if retry(client.status).done:
+            return
 
 
 def _report(client: PSClient | ShardedClient, retry: Reconnect, version: int, loss: float, acc: float, final: bool) -> bool:
