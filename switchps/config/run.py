@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, model_validator
@@ -98,6 +98,11 @@ class RuntimeSpec(Section):
     """Expose Prometheus metrics from the PS on this port."""
     shared_memory: bool = True
     """A worker on the PS's host pushes through a shared-memory segment, not gRPC bytes (others cannot)."""
+    wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The type gradients and values cross the wire and shared memory in: float32, bfloat16 or float16 (half
+    the bytes of a push and of a reply). The PS keeps float32 values and optimizer state and checkpoints; a
+    worker registering with another type than the PS's is refused (FAILED_PRECONDITION, ``register:wire_dtype``).
+    float16 overflows beyond ±65504: such a gradient is infinite, and the PS refuses it."""
     shard_max_mb: float = Field(4.0, gt=0, le=2**20)
     """Several PS shards: a variable larger than this is cut into row blocks spread over the shards
     (BytePS's piece size); the partition is the same on every role."""
@@ -145,6 +150,9 @@ class RunConfig(Section):
         if self.model.framework == "tensorflow" and self.runtime.device.startswith("cuda"):
             problems.append(("runtime.device", f"{self.runtime.device} is for model.framework torch; TensorFlow "
                                                "roles run on the CPU (auto or cpu)"))
+        if self.runtime.wire_dtype != "float32" and len(self.cluster.shards) > 1:
+            problems.append(("runtime.wire_dtype", f"{self.runtime.wire_dtype} is for one PS; several shards "
+                                                   "carry float32 parts"))
         if not problems and (checks := checks_of(info)):
             problems = checks.workload(self, role_of(info))
         if problems:

@@ -17,6 +17,7 @@ from typing import AsyncIterator, Callable, TypeVar
 
 import numpy as np
 
+from switchps.protos import wire_dtype
 from switchps.protos.codec import COPIES, INLINE_BYTES
 
 T = TypeVar("T")
@@ -30,10 +31,18 @@ class Snapshot:
     next update, so a reply may use them in place (``deferred``); a reader of chunks has them made first.
     """
 
-    def __init__(self, version: int, nbytes: int, chunk_bytes: int, store_lock: threading.Lock | None = None) -> None:
+    def __init__(self, version: int, nbytes: int, chunk_bytes: int, store_lock: threading.Lock | None = None,
+                 wire: str = "float32") -> None:
+        """``nbytes``: the values' on the wire, in ``wire`` values (``protos/wire_dtype``): each chunk is
+        narrowed once, as it is made, for every reader of this version."""
         self.version = version
         self.nbytes = nbytes
+        self.wire, self._item = wire, wire_dtype.itemsize(wire)
+        if wire != "float32":  # chunks of whole values
+            chunk_bytes -= chunk_bytes % self._item
         self.chunk_bytes = max(chunk_bytes, nbytes) if nbytes <= INLINE_BYTES else chunk_bytes  # inline = 1 chunk
+        self.chunk_values = self.chunk_bytes // self._item
+        """Values per chunk."""
         self._chunks: list[bytes] = []
         self._total = -(-nbytes // self.chunk_bytes)
         self._failed: BaseException | None = None
@@ -43,13 +52,15 @@ class Snapshot:
         self._source: np.ndarray | None = None  # deferred: the store's values
 
     @classmethod
-    def of(cls, version: int, flat: np.ndarray, chunk_bytes: int) -> "Snapshot":
-        snap = cls(version, flat.nbytes, chunk_bytes)
+    def of(cls, version: int, flat: np.ndarray, chunk_bytes: int, wire: str = "float32") -> "Snapshot":
+        snap = cls(version, wire_dtype.wire_nbytes(flat.size, wire), chunk_bytes, wire=wire)
         snap.publish_until(flat, flat.size)
         return snap
 
     def publish_until(self, flat: np.ndarray, end: int) -> None:
-        """Publish every whole chunk of ``flat`` that lies below element ``end`` (all of it at the end)."""
+        """Publish every whole chunk of float32 ``flat`` that lies below element ``end`` (all of it at the end)."""
+        if self.wire != "float32":
+            return self._publish_narrow(flat, end)
         raw = flat.view(np.uint8)
         limit = raw.size if end >= flat.size else end * 4
         while len(self._chunks) < self._total:
@@ -57,11 +68,26 @@ class Snapshot:
             hi = min(lo + self.chunk_bytes, raw.size)
             if hi > limit:
                 return
-            chunk = raw[lo:hi].tobytes()
-            COPIES.add(len(chunk))
-            with self._lock:
-                self._chunks.append(chunk)
-                self._wake()
+            self._publish(raw[lo:hi].tobytes())
+
+    def _publish_narrow(self, flat: np.ndarray, end: int) -> None:
+        """``publish_until`` for a narrow wire: each chunk's values narrowed straight into its bytes."""
+        step = self.chunk_values
+        limit = min(end, flat.size)
+        while len(self._chunks) < self._total:
+            lo = len(self._chunks) * step
+            hi = min(lo + step, flat.size)
+            if hi > limit:
+                return
+            out = wire_dtype.empty(hi - lo, self.wire)
+            wire_dtype.narrow(flat[lo:hi], out)
+            self._publish(out.tobytes())
+
+    def _publish(self, chunk: bytes) -> None:
+        COPIES.add(len(chunk))
+        with self._lock:
+            self._chunks.append(chunk)
+            self._wake()
 
     def defer(self, values: np.ndarray) -> None:
         """Make no chunks yet: ``values`` hold this version until the store settles it (under its lock)."""

@@ -37,6 +37,7 @@ import numpy as np
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import DEFAULT_CHUNK_BYTES, WHOLE_BYTES
 from switchps.protos.layout import trainable_size
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.refusals import invalid, precondition
 from switchps.ps_server.optimizers import Optimizer, apply_update
 from switchps.ps_server.receiving import BufferPool, Slots
@@ -64,11 +65,12 @@ class ModelStore:
     """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 workers: int = 8, inline_bytes: int = WHOLE_BYTES) -> None:
+                 workers: int = 8, inline_bytes: int = WHOLE_BYTES, wire: str = "float32") -> None:
         """``workers``: the run's, each of which may hold ``EACH`` payloads at once (``slots``), with
         workers + 1 free buffers kept for reuse; ``inline_bytes``: models up to this size run their items
         on the submitting thread (see the module docstring); 0: always on the applier."""
         self._make_optimizer = make_optimizer
+        self.wire = wire  # ``runtime.wire_dtype``: the type pushes and replies carry (values stay float32)
         self.chunk_bytes, self.inline_bytes = chunk_bytes, inline_bytes
         self.slots = Slots(workers)  # the event loop's; kept across ``initialize``, which replaces the pool
         self.lock = threading.Lock()
@@ -90,7 +92,8 @@ class ModelStore:
 
     @property
     def nbytes(self) -> int:
-        return self.values.nbytes
+        """The values' bytes on the wire (a push's, a reply's)."""
+        return wire_nbytes(self.values.size, self.wire)
 
     def initialize(self, layout: pb.Layout, values: np.ndarray) -> None:
         with self.lock:
@@ -99,7 +102,7 @@ class ModelStore:
             self.trainable = trainable_size(layout)
             self.optimizer = self._make_optimizer(self.trainable)
             self.buffers = BufferPool(values.size, self.buffers.limit)
-            self._latest = Snapshot.of(self.version, values, self.chunk_bytes)
+            self._latest = Snapshot.of(self.version, values, self.chunk_bytes, self.wire)
             self.initialized = True
 
     def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int) -> None:
@@ -128,8 +131,24 @@ class ModelStore:
         """
         with self.lock:
             self.version += 1
-            snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes, self.lock)
+            snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes, self.lock, self.wire)
         self._enqueue(_Update(aggregate_id, samples, contributors, lr_factor, snap, on_applied))
+        return snap
+
+    def master(self) -> Snapshot:
+        """The newest version's float32 values in a snapshot of their own, whatever the wire's type (the
+        evaluator's pull): published on the writer's turn, after every update queued before it."""
+        with self.lock:
+            snap = Snapshot(self.version, self.values.nbytes, self.chunk_bytes)
+
+        def publish() -> None:
+            try:
+                snap.publish_until(self.values, self.values.size)
+            except BaseException as e:
+                snap.fail(e)
+                raise
+
+        self._enqueue(publish)
         return snap
 
     def check(self, digest: str, nbytes: int) -> None:
@@ -152,7 +171,7 @@ class ModelStore:
     def _enqueue(self, item: "_Update | Callable[[], None]") -> None:
         """Run ``item`` now if the model is small and nothing is pending (so order is kept), else queue it."""
         with self._idle:
-            inline = self._pending == 0 and self.nbytes <= self.inline_bytes
+            inline = self._pending == 0 and self.values.nbytes <= self.inline_bytes
             self._pending += 1
         if inline:
             self._run(item, inline=True)
@@ -195,7 +214,7 @@ class ModelStore:
         thread); run inline, defer them instead (``Snapshot.defer``) until the next update settles them."""
         self._settle()
         values, snap, grad = self.values, u.snapshot, self.sums.take(u.aggregate_id)
-        per_chunk = snap.chunk_bytes // 4
+        per_chunk = snap.chunk_values
         last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
         for end in apply_update(self.optimizer, values, self.trainable, grad, u.samples, u.contributors,
                                 u.lr_factor):

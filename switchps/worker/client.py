@@ -25,7 +25,9 @@ from switchps.protos.codec import (
     COPIES, DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, whole_frame,
     whole_limit,
 )
+from switchps.protos import wire_dtype
 from switchps.protos.heap import tune_allocator
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.protos.segment import NOT_ATTACHED, Segment, available, file_bytes
 from switchps.worker.local_line import LineBroken, LocalLine, LocalRpcError
 
@@ -85,12 +87,14 @@ class Reply:
 
 class PSClient:
     """One channel to the PS, with this client's credentials on every call. ``params`` is the caller's
-    flat float32 buffer that pulls fill."""
+    flat float32 buffer that pulls fill. ``wire``: the type pushes and replies carry (``runtime.wire_dtype``):
+    a float32 payload is narrowed here, a reply's values widened into ``params``."""
 
     def __init__(self, address: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = None,
-                 security: ClientSecurity = ClientSecurity()) -> None:
+                 security: ClientSecurity = ClientSecurity(), wire: str = "float32") -> None:
         tune_allocator()
-        self.address = address
+        self.address, self.wire = address, wire
+        self._narrow: np.ndarray | None = None  # a narrow wire's payload, reused push after push
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
         self._md = security.metadata
@@ -152,7 +156,7 @@ class PSClient:
         if not available():
             return False
         try:
-            segment = Segment.create(nbytes)
+            segment = Segment.create(nbytes, self.wire)
         except OSError as e:
             log.warning("no shared-memory segment of %d bytes (%s): pushing as gRPC bytes", file_bytes(nbytes), e)
             return False
@@ -193,9 +197,11 @@ class PSClient:
         return reply.order
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
-             wait_initialized: bool = False) -> Reply:
+             wait_initialized: bool = False, master: bool = False) -> Reply:
+        """The model's values into ``params``; ``master``: the PS's float32 values, not the wire type's (a
+        client of wire float32 asks this of a PS whose wire is narrower: the evaluator)."""
         request = next(encode(pb.PullRequest(worker=worker, have_version=have_version,
-                                             wait_initialized=wait_initialized)))
+                                             wait_initialized=wait_initialized, master=master)))
         return self._read_reply(self._pull(request, timeout=self.timeout_s, metadata=self._md), params,
                                 pb.PullReply)
 
@@ -203,35 +209,46 @@ class PSClient:
         """Push a summed gradient; the reply's values are in its ``values`` (``params``, or the attached
         segment). Through a segment only the header is sent; otherwise a gradient of at most
         ``codec.whole_limit`` goes as one message each way (``PushSmall``), a larger one as a stream of chunks."""
-        header.nbytes = grad_sum.nbytes
-        header.shared = self.segment is not None and self.segment.nbytes == grad_sum.nbytes
+        header.nbytes = wire_nbytes(grad_sum.size, self.wire)
+        header.shared = self.segment is not None and self.segment.nbytes == header.nbytes
         if header.shared:
             try:
                 return self._push_shared(header, grad_sum, params)
             except grpc.RpcError as e:  # the PS restarted between two pushes: it has no segment of ours
                 if e.code() != grpc.StatusCode.FAILED_PRECONDITION or NOT_ATTACHED not in (e.details() or ""):
                     raise
-                if self.attach(header.worker, grad_sum.nbytes):
+                if self.attach(header.worker, header.nbytes):
                     return self._push_shared(header, grad_sum, params)
                 header.shared = False
-        if grad_sum.nbytes <= whole_limit(self.chunk_bytes):
-            reply = self._push_small(whole_frame(header, grad_sum), timeout=self.timeout_s, metadata=self._md)
+        payload = self._on_wire(grad_sum)
+        if payload.nbytes <= whole_limit(self.chunk_bytes):
+            reply = self._push_small(whole_frame(header, payload), timeout=self.timeout_s, metadata=self._md)
             return self._read_reply(iter([reply]), params, pb.PushReply)
-        frames = encode_array(header, grad_sum, self.chunk_bytes)
+        frames = encode_array(header, payload, self.chunk_bytes)
         return self._read_reply(self._push(frames, timeout=self.timeout_s, metadata=self._md), params, pb.PushReply)
+
+    def _on_wire(self, grad_sum: np.ndarray) -> np.ndarray:
+        """A float32 payload narrowed to the wire's type (into a buffer kept for the next push)."""
+        if self.wire == "float32":
+            return grad_sum
+        if self._narrow is None or self._narrow.size != grad_sum.size:
+            self._narrow = wire_dtype.empty(grad_sum.size, self.wire)
+        wire_dtype.narrow(grad_sum, self._narrow)
+        return self._narrow
 
     @property
     def payload_area(self) -> np.ndarray | None:
-        """Where a payload of the attached model's size is sent from without a copy (the segment's gradient
-        area), if any: a computer writes its payload there (``GradientComputer.payload_to``)."""
-        return None if self.segment is None else self.segment.grad
+        """Where a float32 payload of the attached model's size is sent from without a copy (the segment's
+        gradient area), if any: a computer writes its payload there (``GradientComputer.payload_to``). None
+        on a narrow wire: the payload is narrowed into the segment."""
+        return None if self.segment is None or self.wire != "float32" else self.segment.grad
 
     def _push_shared(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """A push whose payload and reply values go through ``self.segment``; only the header is sent."""
         assert self.segment is not None
         if grad_sum.ctypes.data != self.segment.grad.ctypes.data:  # not written there already
-            np.copyto(self.segment.grad, grad_sum)
-            COPIES.add(grad_sum.nbytes)
+            wire_dtype.narrow(grad_sum, self.segment.grad)
+            COPIES.add(self.segment.grad.nbytes)
         frame = self._send_shared(next(encode(header)))
         return self._read_reply(iter([frame]), params, pb.PushReply, self.segment)
 
@@ -265,15 +282,20 @@ class PSClient:
             receive_into(first, frames, out)
         return reply
 
-    @staticmethod
-    def _read_reply(frames: Iterator[bytes], params: np.ndarray, kind: type[pb.PushReply] | type[pb.PullReply],
-                    segment: Segment | None = None) -> Reply:
-        """The reply's header, and its values read into ``params`` (left in ``segment`` if the PS put them there)."""
+    def _read_reply(self, frames: Iterator[bytes], params: np.ndarray,
+                    kind: type[pb.PushReply] | type[pb.PullReply], segment: Segment | None = None) -> Reply:
+        """The reply's header, and its values read into ``params`` (left in ``segment`` if the PS put them there
+        in float32; widened into ``params`` from a narrow wire's)."""
         reply, first = decode_header(next(frames), kind)
         if segment is not None and isinstance(reply, pb.PushReply) and reply.shared:
-            return Reply(reply, fresh=reply.nbytes > 0, values=segment.values)
+            if self.wire == "float32":
+                return Reply(reply, fresh=reply.nbytes > 0, values=segment.values)
+            if reply.nbytes:
+                wire_dtype.widen(segment.values, params)
+                COPIES.add(segment.values.nbytes)
+            return Reply(reply, fresh=reply.nbytes > 0, values=params)
         if reply.nbytes:
-            receive_into(first, frames, params)
+            receive_into(first, frames, params, wire=self.wire)
         return Reply(reply, fresh=reply.nbytes > 0, values=params)
 
 

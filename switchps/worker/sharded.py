@@ -20,6 +20,7 @@ import numpy as np
 
 from switchps.security.channels import ClientSecurity
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.layout import layout_wire
 from switchps.protos.partition import of_layout, part_layout
 from switchps.worker.client import PSClient, Reply
 
@@ -87,9 +88,10 @@ class ShardedClient:
         return Reply(reply.reply, reply.fresh, params)
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
-             wait_initialized: bool = False) -> Reply:
-        """Shard 0's part and order, then every follower's part at that version (or newer)."""
-        reply = self.clients[0].pull(self.parts[0], worker, have_version, wait_initialized)
+             wait_initialized: bool = False, master: bool = False) -> Reply:
+        """Shard 0's part and order, then every follower's part at that version (or newer). Shards carry
+        float32 (``runtime.wire_dtype`` is for one PS), so ``master`` changes nothing."""
+        reply = self.clients[0].pull(self.parts[0], worker, have_version, wait_initialized, master)
         if reply.fresh:
             version = reply.order.version
             _results([self._pool.submit(c.pull_part, out, worker, version)
@@ -136,7 +138,8 @@ def _together(first: Callable[[], T], followers: list[Future[Any]]) -> T:
 
 def connect(addresses: list[str], layout: pb.Layout, max_bytes: int, chunk_bytes: int,
             security: ClientSecurity) -> PSClient | ShardedClient:
-    """A client of the PS at ``addresses`` (``cluster.shards``): one shard, a plain ``PSClient``."""
+    """A client of the PS at ``addresses`` (``cluster.shards``): one shard, a plain ``PSClient`` whose pushes
+    and replies carry the type ``layout`` says (``Layout.wire_dtype``)."""
     if len(addresses) == 1:
-        return PSClient(addresses[0], chunk_bytes, security=security)
+        return PSClient(addresses[0], chunk_bytes, security=security, wire=layout_wire(layout))
     return ShardedClient(addresses, layout, max_bytes, chunk_bytes, security)

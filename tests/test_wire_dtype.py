@@ -1,0 +1,58 @@
+"""The half-precision wire's conversions (``protos/wire_dtype``) against torch's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from switchps.protos import wire_dtype as wd
+
+torch.set_num_threads(1)
+
+
+def _edge_values() -> np.ndarray:
+    """Ties (a half-ulp of bfloat16 above even and odd values), denormals, the largest float32 (rounds to
+    inf), infinities, signed zeros and NaNs of every shape a float32 NaN can have."""
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0x00000001, 0x00008000, 0x007FFFFF,
+                     0x80018000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x00000000, 0x80000000,
+                     0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x7FFFFFFF, 0xFF800001, 0x7FBFFFFF], np.uint32)
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 2**32, 3 * wd.BLOCK + 17, dtype=np.uint64).astype(np.uint32)  # spans blocks
+    return np.concatenate([bits, noise]).view(np.float32)
+
+
+def test_bfloat16_rounds_as_torch_does_and_keeps_nan_and_inf() -> None:
+    x = _edge_values()
+    w = wd.narrowed(x, "bfloat16")
+    expected = torch.from_numpy(x.copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(w[~nan], expected[~nan])  # torch's bits, ties to even included
+    back = np.empty_like(x)
+    wd.widen(w, back)
+    assert np.isnan(back[nan]).all() and not np.isnan(back[~nan]).any()  # no NaN lost (or made)
+    want = torch.from_numpy(x.copy()).to(torch.bfloat16).float().numpy()
+    assert np.array_equal(back[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.isposinf(back[10]) and np.isneginf(back[11]) and np.isposinf(back[8])  # max float32 -> inf
+
+
+def test_float16_round_trips_as_torch_does() -> None:
+    x = _edge_values()
+    back = np.empty_like(x)
+    wd.widen(wd.narrowed(x, "float16"), back)
+    want = torch.from_numpy(x.copy()).to(torch.float16).float().numpy()
+    nan = np.isnan(x)
+    assert np.array_equal(np.isnan(back), nan)
+    assert np.array_equal(back[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("wire", wd.NAMES)
+def test_a_narrow_value_widens_to_itself(wire: str) -> None:
+    """widen ∘ narrow is the identity on values the wire type holds: a reply's values reach a worker exactly."""
+    x = np.linspace(-3, 3, 1001, dtype=np.float32)
+    once = np.empty_like(x)
+    wd.widen(wd.narrowed(x, wire), once)
+    twice = np.empty_like(x)
+    wd.widen(wd.narrowed(once, wire), twice)
+    assert np.array_equal(once, twice)
+    assert wd.narrowed(x, wire).nbytes == wd.wire_nbytes(x.size, wire) == x.size * {"float32": 4}.get(wire, 2)
