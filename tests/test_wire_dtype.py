@@ -56,3 +56,37 @@ def test_a_narrow_value_widens_to_itself(wire: str) -> None:
     wd.widen(wd.narrowed(once, wire), twice)
     assert np.array_equal(once, twice)
     assert wd.narrowed(x, wire).nbytes == wd.wire_nbytes(x.size, wire) == x.size * {"float32": 4}.get(wire, 2)
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu_bookkeeping"])
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+def test_the_torch_computer_narrows_its_payload_into_a_narrow_area(wire: str, gpu: bool) -> None:
+    """A payload area of a narrow type gets the float32 payload narrowed once at the end (accumulated in
+    float32): on a GPU on the device, before the copy to the host (run here with the device vectors on the
+    CPU, as ``test_torch_gradients`` does)."""
+    from test_torch_gradients import ROWS, _computer
+
+    wide, narrow = _computer("resnet20"), _computer("resnet20")
+    if gpu:
+        narrow._device_values, narrow._device_acc = torch.empty(narrow.size), torch.empty(narrow.size)
+    narrow.payload_to = wd.empty(narrow.size, wire)
+    for _ in range(2):  # the second step reuses the float32 accumulator (the state advances each step)
+        expected, loss = wide.compute(ROWS, 4)
+        got, got_loss = narrow.compute(ROWS, 4)
+        assert got is narrow.payload_to and got_loss == loss
+        assert np.array_equal(got, wd.narrowed(expected, wire))
+
+
+def test_the_tensorflow_computer_narrows_its_payload_into_a_narrow_area() -> None:
+    from switchps.workload.tensorflow.gradients import GradientComputer
+    from switchps.workload.tensorflow.models import build_model
+    from switchps.workload.data import load_dataset
+
+    data = load_dataset("digits")
+    rows = np.arange(20)
+    computers = [GradientComputer(build_model("mlp", data.input_shape, data.num_classes, seed=1, hidden=[8]),
+                                  data.x_train[:40], data.y_train[:40]) for _ in range(2)]
+    expected, _ = computers[0].compute(rows, 10)
+    computers[1].payload_to = wd.empty(computers[1].size, "bfloat16")
+    got, _ = computers[1].compute(rows, 10)
+    assert got is computers[1].payload_to and np.array_equal(got, wd.narrowed(expected, "bfloat16"))

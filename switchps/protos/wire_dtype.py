@@ -45,8 +45,11 @@ def view(raw: np.ndarray | bytes | memoryview, wire: str) -> np.ndarray:
 
 
 def narrow(x: np.ndarray, out: np.ndarray) -> None:
-    """float32 ``x`` into the wire values ``out`` (its dtype says which wire type: see ``STORAGE``)."""
-    if out.dtype == np.uint16:
+    """float32 ``x`` into the wire values ``out`` (its dtype says which wire type: see ``STORAGE``); ``x``
+    already of that type is copied."""
+    if x.dtype == out.dtype:
+        np.copyto(out, x)
+    elif out.dtype == np.uint16:
         _to_bfloat16(x, out)
     else:
         with np.errstate(over="ignore"):  # beyond float16's range: inf, which the PS refuses as not finite

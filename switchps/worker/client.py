@@ -228,8 +228,9 @@ class PSClient:
         return self._read_reply(self._push(frames, timeout=self.timeout_s, metadata=self._md), params, pb.PushReply)
 
     def _on_wire(self, grad_sum: np.ndarray) -> np.ndarray:
-        """A float32 payload narrowed to the wire's type (into a buffer kept for the next push)."""
-        if self.wire == "float32":
+        """A payload in the wire's type: as it is if it is (written in ``payload_area``), else narrowed into
+        a buffer kept for the next push (and offered as the next payload's area)."""
+        if grad_sum.dtype == wire_dtype.STORAGE[self.wire]:
             return grad_sum
         if self._narrow is None or self._narrow.size != grad_sum.size:
             self._narrow = wire_dtype.empty(grad_sum.size, self.wire)
@@ -238,10 +239,11 @@ class PSClient:
 
     @property
     def payload_area(self) -> np.ndarray | None:
-        """Where a float32 payload of the attached model's size is sent from without a copy (the segment's
-        gradient area), if any: a computer writes its payload there (``GradientComputer.payload_to``). None
-        on a narrow wire: the payload is narrowed into the segment."""
-        return None if self.segment is None or self.wire != "float32" else self.segment.grad
+        """Where a payload of the model's size is sent from without a copy, if anywhere: the attached
+        segment's gradient area, or on a narrow wire the buffer the last push was narrowed into. A computer
+        writes its payload there (``GradientComputer.payload_to``), narrowed if the area is of a narrow
+        wire's type (``protos/wire_dtype``)."""
+        return self.segment.grad if self.segment is not None else self._narrow
 
     def _push_shared(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """A push whose payload and reply values go through ``self.segment``; only the header is sent."""
