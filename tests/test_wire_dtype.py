@@ -90,3 +90,12 @@ def test_the_tensorflow_computer_narrows_its_payload_into_a_narrow_area() -> Non
     computers[1].payload_to = wd.empty(computers[1].size, "bfloat16")
     got, _ = computers[1].compute(rows, 10)
     assert got is computers[1].payload_to and np.array_equal(got, wd.narrowed(expected, "bfloat16"))
+
+
+def test_a_float32_layout_is_byte_for_byte_what_it_was() -> None:
+    """float32 leaves ``Layout.wire_dtype`` unset: a float32 run's registrations are the bytes they were."""
+    from switchps.protos.layout import layout_wire, make_layout, with_wire
+
+    layout = make_layout([("w", (3, 2))], [("s", (4,))])
+    assert with_wire(layout, "float32").SerializeToString() == layout.SerializeToString()
+    assert layout_wire(layout) == "float32" and layout_wire(with_wire(layout, "bfloat16")) == "bfloat16"

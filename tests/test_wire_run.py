@@ -5,6 +5,11 @@ converges with bfloat16 through either path."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import grpc
 import numpy as np
 import pytest
@@ -104,3 +109,16 @@ def test_a_bfloat16_run_trains_digits(tmp_path, shared):
     assert summary["final_test_accuracy"] >= 0.93 and summary["pushes_rejected"] == 0, summary
     logs = [f.read_text() for f in sorted((run_dir / "logs").glob("worker-*.log"))]
     assert logs and all(("pushes through shared memory" in log) == shared for log in logs)
+
+
+@pytest.mark.integration
+def test_the_benchmark_compares_accuracy_and_bytes_seed_by_seed(tmp_path):
+    out = tmp_path / "wire.json"
+    proc = subprocess.run([sys.executable, "bench/wire_dtype.py", "--suites", "torch_quickstart", "--seeds", "0",
+                           "--dtypes", "float32", "bfloat16", "--conversion-size", "1000", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    suite = json.loads(out.read_text())["suites"]["torch_quickstart"]
+    assert suite["bytes_per_step"] == {"float32": 8 * suite["parameters"], "bfloat16": 4 * suite["parameters"]}
+    assert suite["accuracy"]["bfloat16"]["mean"] >= 0.93 and suite["accuracy_minus_float32_points"]["bfloat16"]["n"] == 1
+    assert json.loads(proc.stdout) == json.loads(out.read_text())
