@@ -19,7 +19,11 @@ from switchps.config.run import parse_config
 from switchps.protos import wire_dtype as wd
 from switchps.protos.layout import with_wire
 from switchps.sim.run import simulate
+from switchps.security.channels import ClientSecurity
 from switchps.worker.client import PSClient
+
+import test_sharded as sharded
+from test_sharded import make  # noqa: F401  (a fixture: shards on loopback)
 
 from test_launch import CONFIGS, check_run_dir, run
 from test_sim import column, config
@@ -93,9 +97,24 @@ def test_the_simulator_charges_half_the_bytes_on_a_bfloat16_wire(tmp_path):
     assert [float(t) for t in column(tmp_path / "r", "time_s")] == pytest.approx([0.3, 0.6, 0.9])
 
 
-def test_several_shards_refuse_a_narrow_wire():
-    with pytest.raises(Exception, match="runtime.wire_dtype: bfloat16 is for one PS"):
-        parse_config({"cluster": {"ps": ["127.0.0.1:1", "127.0.0.1:2"]}, "runtime": {"wire_dtype": "bfloat16"}})
+def test_three_shards_on_a_bfloat16_wire_apply_what_one_applies_and_carry_half_the_bytes(make):
+    """Followers take narrow parts and answer narrow ones: bit for bit what one PS on the same wire applies,
+    their float32 values kept; the initial values cross in float32, every push part in half the bytes; the
+    evaluator's pull joins every shard's float32 values."""
+    one, three = (make(k, protocol={"name": "asp"}, wire="bfloat16") for k in (1, 3))
+    sharded.asp_rounds(one, 6)
+    sharded.asp_rounds(three, 6)
+    assert np.array_equal(three.values(), one.values())
+    for f in three.followers:
+        r, nbytes = f.summary(), f.store.values.nbytes
+        assert f.store.values.dtype == np.float32
+        assert r["bytes_in"] == nbytes + 12 * nbytes // 2, "the initial values in float32, 12 narrow pushes"
+    addresses = [c.address for c in three.clients[0].clients]
+    evaluator = sharded.connect(addresses, sharded.LAYOUT, sharded.MAX_BYTES, 2**20, ClientSecurity())
+    values = np.empty(sharded.SIZE, np.float32)
+    evaluator.pull(values, master=True)
+    assert np.array_equal(values, three.values())
+    evaluator.close()
 
 
 @pytest.mark.integration

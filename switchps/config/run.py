@@ -150,9 +150,6 @@ class RunConfig(Section):
         if self.model.framework == "tensorflow" and self.runtime.device.startswith("cuda"):
             problems.append(("runtime.device", f"{self.runtime.device} is for model.framework torch; TensorFlow "
                                                "roles run on the CPU (auto or cpu)"))
-        if self.runtime.wire_dtype != "float32" and len(self.cluster.shards) > 1:
-            problems.append(("runtime.wire_dtype", f"{self.runtime.wire_dtype} is for one PS; several shards "
-                                                   "carry float32 parts"))
         if not problems and (checks := checks_of(info)):
             problems = checks.workload(self, role_of(info))
         if problems:

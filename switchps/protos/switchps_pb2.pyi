@@ -259,12 +259,14 @@ class PartReply(_message.Message):
     def __init__(self, version: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class PartPull(_message.Message):
-    __slots__ = ("worker", "min_version")
+    __slots__ = ("worker", "min_version", "master")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
     worker: int
     min_version: int
-    def __init__(self, worker: _Optional[int] = ..., min_version: _Optional[int] = ...) -> None: ...
+    master: bool
+    def __init__(self, worker: _Optional[int] = ..., min_version: _Optional[int] = ..., master: _Optional[bool] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("key", "reason", "message", "squares")

@@ -268,20 +268,23 @@ class PSClient:
     def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray) -> pb.PartReply:
         """A follower shard's part of a push (``PushPart``) or of the initial values (``InitPart``); the
         part of the parameters in the reply is written into ``out``."""
-        header.nbytes = part.nbytes
-        frames = self._parts[rpc](encode_array(header, part, self.chunk_bytes), timeout=self.timeout_s,
+        payload = part if rpc == "InitPart" else self._on_wire(part)  # initial values are float32
+        header.nbytes = payload.nbytes
+        frames = self._parts[rpc](encode_array(header, payload, self.chunk_bytes), timeout=self.timeout_s,
                                   metadata=self._md)
         return self._read_part(frames, out)
 
-    def pull_part(self, out: np.ndarray, worker: int, min_version: int) -> pb.PartReply:
-        """A follower shard's part of the parameters, at ``min_version`` (shard 0's) or newer."""
-        request = next(encode(pb.PartPull(worker=worker, min_version=min_version)))
+    def pull_part(self, out: np.ndarray, worker: int, min_version: int, master: bool = False) -> pb.PartReply:
+        """A follower shard's part of the parameters, at ``min_version`` (shard 0's) or newer (``master``: its
+        float32 values, as ``pull``'s)."""
+        request = next(encode(pb.PartPull(worker=worker, min_version=min_version, master=master)))
         return self._read_part(self._pull_part(request, timeout=self.timeout_s, metadata=self._md), out)
 
     def _read_part(self, frames: Iterator[bytes], out: np.ndarray) -> pb.PartReply:
         reply, first = decode_header(next(frames), pb.PartReply)
         if reply.nbytes:
-            receive_into(first, frames, out)
+            master = reply.nbytes == out.nbytes  # a part of float32 values (``pull_part``'s master), not the wire's
+            receive_into(first, frames, out, wire="float32" if master else self.wire)
         return reply
 
     def _read_reply(self, frames: Iterator[bytes], params: np.ndarray,

@@ -21,6 +21,7 @@ import numpy as np
 from switchps.security.channels import ClientSecurity
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import layout_wire
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.protos.partition import of_layout, part_layout
 from switchps.worker.client import PSClient, Reply
 
@@ -40,7 +41,8 @@ class ShardedClient:
     def __init__(self, addresses: list[str], layout: pb.Layout, max_bytes: int, chunk_bytes: int,
                  security: ClientSecurity = ClientSecurity(), timeout_s: float | None = None) -> None:
         self.address = addresses[0]
-        self.clients = [PSClient(a, chunk_bytes, timeout_s, security) for a in addresses]
+        self.wire = layout_wire(layout)
+        self.clients = [PSClient(a, chunk_bytes, timeout_s, security, self.wire) for a in addresses]
         self.partition = of_layout(layout, len(addresses), max_bytes)
         self.layouts = [part_layout(layout, self.partition, k) for k in range(len(addresses))]
         self.parts = [np.empty(n, np.float32) for n in self.partition.sizes()]
@@ -60,7 +62,7 @@ class ShardedClient:
 
     def attach(self, worker: int, nbytes: int) -> bool:
         """Shard 0's part through shared memory if shard 0 is on this host (followers' stay on gRPC)."""
-        return self.clients[0].attach(worker, self.parts[0].nbytes)
+        return self.clients[0].attach(worker, wire_nbytes(self.parts[0].size, self.wire))
 
     @property
     def socket_path(self) -> str:
@@ -89,12 +91,12 @@ class ShardedClient:
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
              wait_initialized: bool = False, master: bool = False) -> Reply:
-        """Shard 0's part and order, then every follower's part at that version (or newer). Shards carry
-        float32 (``runtime.wire_dtype`` is for one PS), so ``master`` changes nothing."""
+        """Shard 0's part and order, then every follower's part at that version (or newer); ``master``: the
+        shards' float32 values, whatever the wire's type (the evaluator's)."""
         reply = self.clients[0].pull(self.parts[0], worker, have_version, wait_initialized, master)
         if reply.fresh:
             version = reply.order.version
-            _results([self._pool.submit(c.pull_part, out, worker, version)
+            _results([self._pool.submit(c.pull_part, out, worker, version, master)
                       for c, out in zip(self.clients[1:], self.parts[1:])])
             self.partition.join(self.parts, out=params)
         return reply
@@ -142,4 +144,4 @@ def connect(addresses: list[str], layout: pb.Layout, max_bytes: int, chunk_bytes
     and replies carry the type ``layout`` says (``Layout.wire_dtype``)."""
     if len(addresses) == 1:
         return PSClient(addresses[0], chunk_bytes, security=security, wire=layout_wire(layout))
-    return ShardedClient(addresses, layout, max_bytes, chunk_bytes, security)
+    return ShardedClient(addresses, layout, max_bytes, chunk_bytes, security)  # its parts in ``layout``'s type

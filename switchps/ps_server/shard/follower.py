@@ -295,7 +295,7 @@ class Follower:
                 self.store.check(h.layout_digest, h.nbytes)
             with self.store.slots.holding(key[0]):
                 async with self.store.buffers.receiving(size if init else None) as part:
-                    payload = PayloadWriter(part, check_finite=True)
+                    payload = PayloadWriter(part, check_finite=True, wire="float32" if init else self.store.wire)
                     if not await fill(payload, first, ctx, self.receive_timeout_s):
                         raise invalid("non_finite", "the part has NaN or inf values")
         except Rejected as r:
@@ -305,7 +305,7 @@ class Follower:
             self.store.buffers.discard(part)
             raise Rejected("ABORTED", "dropped", f"refused by another PS shard: {self._dropped[key]}")
         self._keep(key, part)
-        self.traffic["in"] += part.nbytes
+        self.traffic["in"] += h.nbytes
         self._tell(key, None, payload.squares)
         return key, part
 
@@ -355,7 +355,8 @@ class Follower:
         except Rejected as r:
             refuse(ctx, self.count_rejection, "pull_part", r)
             return
-        async for frame in self._reply(self.store.snapshot()):
+        snapshot = self.store.snapshot()
+        async for frame in self._reply(self.store.master() if req.master and self.store.wire != "float32" else snapshot):
             yield frame
 
     async def _until_version(self, version: int) -> None:
