@@ -5,7 +5,7 @@ Runs ``switchps run`` on loopback for each suite, wire type and seed, and report
 float32, seed by seed), and the payload bytes a step moves (a push and its reply: parameters x the wire
 type's bytes, headers excluded) with the ratio to float32. Suites: the two quickstarts (digits: TF and
 torch workers) and a CIFAR-shaped run (32x32x3 images of 10 classes, made here: each class a smooth random
-template under pixel noise, learnable but not trivially; a small torch CNN, 2 workers under BSP).
+template under pixel noise, learnable but not trivially; a small torch CNN, 2 workers under BSP, Adam).
 
     python bench/wire_dtype.py [--suites torch_quickstart quickstart cifar_shaped] [--seeds 0 1 2]
         [--dtypes float32 bfloat16 float16] [--out bench/results/issue45_wire_dtype.json]
@@ -62,7 +62,7 @@ def suites(tmp: Path) -> dict[str, tuple[str, list[str]]]:
         "cifar_shaped": (str(CONFIGS / "torch" / "quickstart.yaml"), [
             "name=cifar-shaped", "data.name=npz", f"data.path={data}", "model.name=cnn",
             "model.kwargs={filters: [16, 32]}", "protocol.batch=32", "train.epochs=8",
-            "optimizer.learning_rate=0.03", "eval.every_s=2.0"]),
+            "optimizer.name=adam", "optimizer.learning_rate=0.001", "eval.every_s=2.0"]),
     }
 
 
@@ -127,11 +127,13 @@ def main() -> None:
     ap.add_argument("--suites", nargs="+", default=["torch_quickstart", "quickstart", "cifar_shaped"])
     ap.add_argument("--dtypes", nargs="+", default=list(NAMES), choices=NAMES)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--out", type=Path, help="also write the JSON here")
+    ap.add_argument("--out", type=Path, help="also write the JSON here (keeping the suites it has that are not run)")
     ap.add_argument("--conversion-size", type=int, default=11_200_000, help="values (default: ResNet-18's)")
     args = ap.parse_args()
     report: dict[str, Any] = {"benchmark": "wire_dtype", "seeds": args.seeds,
                               "conversion_ms": conversion_ms(args.conversion_size), "suites": {}}
+    if args.out and args.out.exists():  # a suite run again replaces its entry; the others are kept
+        report["suites"] = json.loads(args.out.read_text())["suites"]
     with tempfile.TemporaryDirectory(prefix="switchps-wire-") as d:
         tmp = Path(d)
         table = suites(tmp)
