@@ -32,6 +32,7 @@ pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 torch.set_num_threads(1)
 
 SIZE = 1000
+BIG = 2_500_000  # 10 MB of float32 (past the store's inline updates), 5 MB on the wire (past one message)
 
 
 def _round(x: np.ndarray, wire: str) -> np.ndarray:
@@ -41,27 +42,29 @@ def _round(x: np.ndarray, wire: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["grpc", "shared_memory"])
-@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
-def test_a_push_and_its_reply_cross_narrow_while_the_ps_keeps_float32(cluster_factory, wire, shared):
+@pytest.mark.parametrize("wire,size", [("bfloat16", SIZE), ("float16", SIZE), ("bfloat16", BIG)],
+                         ids=["bfloat16", "float16", "bfloat16_streamed"])
+def test_a_push_and_its_reply_cross_narrow_while_the_ps_keeps_float32(cluster_factory, wire, size, shared):
     """SGD at learning rate 1 with one sample: the PS's values are minus the sum of the widened pushes, in
-    float32 (two pushes sum to values the wire type cannot hold), and the worker gets them narrowed once."""
-    c = cluster_factory(workers=1, size=SIZE, protocol={"name": "asp"}, wire_dtype=wire)
+    float32 (two pushes sum to values the wire type cannot hold), and the worker gets them narrowed once.
+    ``BIG``: a push streamed in frames, an update on the applier thread publishing narrow chunks as it goes."""
+    c = cluster_factory(workers=1, size=size, protocol={"name": "asp"}, wire_dtype=wire)
     w = c.workers[0]
     if shared:
-        assert w.client.attach(0, SIZE * 2) and w.client.segment.grad.dtype == wd.STORAGE[wire]
+        assert w.client.attach(0, size * 2) and w.client.segment.grad.dtype == wd.STORAGE[wire]
     rng = np.random.default_rng(0)
-    g1, g2 = rng.standard_normal(SIZE).astype(np.float32), rng.standard_normal(SIZE).astype(np.float32) * 1e-3
+    g1, g2 = rng.standard_normal(size).astype(np.float32), rng.standard_normal(size).astype(np.float32) * 1e-3
     w.push(g1, 1)
     r = w.push(g2, 1)
-    assert r.reply.applied and r.reply.nbytes == SIZE * 2 and r.reply.shared == shared
+    assert r.reply.applied and r.reply.nbytes == size * 2 and r.reply.shared == shared
     master = -(_round(g1, wire) + _round(g2, wire))  # float32 sums, as the PS's SGD makes them
     assert c.store.values.dtype == np.float32
     assert np.array_equal(c.store.values, master)
     assert not np.array_equal(master, _round(master, wire)), "the master holds more than the wire can"
     assert np.array_equal(w.params, _round(master, wire))
     evaluator = PSClient(c.address, timeout_s=30)  # float32, asking for the master's values
-    values = np.empty(SIZE, np.float32)
-    assert evaluator.pull(values, master=True).reply.nbytes == SIZE * 4
+    values = np.empty(size, np.float32)
+    assert evaluator.pull(values, master=True).reply.nbytes == size * 4
     assert np.array_equal(values, master)
     evaluator.close()
 
