@@ -355,8 +355,8 @@ class Follower:
         except Rejected as r:
             refuse(ctx, self.count_rejection, "pull_part", r)
             return
-        snapshot = self.store.snapshot()
-        async for frame in self._reply(self.store.master() if req.master and self.store.wire != "float32" else snapshot):
+        master = req.master and self.store.wire != "float32"  # the evaluator's, on a narrow wire
+        async for frame in self._reply(self.store.master() if master else self.store.snapshot()):
             yield frame
 
     async def _until_version(self, version: int) -> None:
