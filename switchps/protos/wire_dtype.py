@@ -17,7 +17,8 @@ import numpy as np
 
 WireDtype = Literal["float32", "bfloat16", "float16"]
 NAMES: tuple[WireDtype, ...] = ("float32", "bfloat16", "float16")
-STORAGE: dict[str, np.dtype[Any]] = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.uint16), "float16": np.dtype(np.float16)}
+STORAGE: dict[str, np.dtype[Any]] = {
+    "float32": np.dtype(np.float32), "bfloat16": np.dtype(np.uint16), "float16": np.dtype(np.float16)}
 """The NumPy dtype a wire value is stored in (bfloat16: its bits)."""
 BLOCK = 1 << 16
 """Elements per block of a bfloat16 conversion (256 KiB of uint32 scratch: stays in cache)."""
