@@ -130,8 +130,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the JSON here (keeping the suites it has that are not run)")
     ap.add_argument("--conversion-size", type=int, default=11_200_000, help="values (default: ResNet-18's)")
     args = ap.parse_args()
-    report: dict[str, Any] = {"benchmark": "wire_dtype", "seeds": args.seeds,
-                              "conversion_ms": conversion_ms(args.conversion_size), "suites": {}}
+    report: dict[str, Any] = {"benchmark": "wire_dtype", "conversion_ms": conversion_ms(args.conversion_size),
+                              "suites": {}}
     if args.out and args.out.exists():  # a suite run again replaces its entry; the others are kept
         report["suites"] = json.loads(args.out.read_text())["suites"]
     with tempfile.TemporaryDirectory(prefix="switchps-wire-") as d:
@@ -144,7 +144,7 @@ def main() -> None:
             acc = {w: [r["final_test_accuracy"] for r in rs] for w, rs in runs.items()}
             size = runs[args.dtypes[0]][0]["parameters"]
             report["suites"][name] = {
-                "config": Path(config).name, "overrides": overrides, "parameters": size,
+                "config": Path(config).name, "overrides": overrides, "parameters": size, "seeds": args.seeds,
                 "runs": runs,
                 "accuracy": {w: estimate(a).as_dict() for w, a in acc.items()},
                 "accuracy_minus_float32_points": {
