@@ -20,7 +20,7 @@ from switchps.config.run import parse_config
 from switchps.config.security import TLSSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.rpc.main import build_ps, prepare_run_dir
-from switchps.protos.layout import make_layout
+from switchps.protos.layout import make_layout, with_wire
 from switchps.ps_server.rpc.server import Server
 from switchps.ps_server.rpc.service import ParameterServer
 from switchps.worker.client import PSClient, Reply
@@ -125,7 +125,7 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
                   receive_timeout_s: float = 30.0, state: int = 0, checkpoint: dict | None = None,
                   resume: bool = False, security: ServerSecurity = ServerSecurity(),
                   tls: TLSSpec | None = None, max_grad_norm: float | None = None,
-                  ps_threads: int | str = "auto") -> LiveCluster:
+                  ps_threads: int | str = "auto", wire_dtype: str = "float32") -> LiveCluster:
     """A real PS on loopback with ``workers`` fake workers holding ``size`` parameters and ``state``
     non-trainable values (pushed after the gradient, averaged per update). With ``security`` the PS
     checks tokens (and serves TLS); each fake worker holds its own token and ``tls`` client files."""
@@ -136,7 +136,8 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
         "train": train or {"steps": 10_000},
         "policy": policy or {},
         "network": {"ps_link_mbit_s": link_mbit_s},
-        "runtime": {"receive_timeout_s": receive_timeout_s, "max_grad_norm": max_grad_norm, "ps_threads": ps_threads},
+        "runtime": {"receive_timeout_s": receive_timeout_s, "max_grad_norm": max_grad_norm, "ps_threads": ps_threads,
+                    "wire_dtype": wire_dtype},
         "checkpoint": checkpoint or {},
     }
     cfg = parse_config(raw)
@@ -145,12 +146,12 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
         ps.store.chunk_bytes = chunk_bytes
     server = Server(ps, "127.0.0.1:0", security)
     address = f"localhost:{server.port}" if security.tls else f"127.0.0.1:{server.port}"
-    layout = make_layout([("w", (size,))], [("s", (state,))] if state else [])
+    layout = with_wire(make_layout([("w", (size,))], [("s", (state,))] if state else []), wire_dtype)
     fakes = []
     for i in range(workers):
         token = auth.token(security.secret, "worker", i) if security.secret else None
         client = PSClient(address, chunk_bytes or 2 * 1024 * 1024, timeout_s=30,
-                          security=ClientSecurity(token, tls or security.tls))
+                          security=ClientSecurity(token, tls or security.tls), wire=wire_dtype)
         reg = client.register(i, layout, partition_size=100)
         if reg.send_init:
             client.init(i, layout, np.zeros(size + state, np.float32))

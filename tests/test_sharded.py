@@ -18,7 +18,7 @@ from switchps.security.certs import write_dir
 from switchps.security.channels import ClientSecurity, ServerSecurity
 from switchps.config.run import parse_config
 from switchps.protos import switchps_pb2 as pb
-from switchps.protos.layout import make_layout
+from switchps.protos.layout import make_layout, with_wire
 from switchps.config.security import TLSSpec
 from switchps.ps_server.shard.follower import Follower
 from switchps.ps_server.rpc.attachments import Attachments
@@ -56,20 +56,21 @@ class Sharded:
         return client.partition.join([self.ps.store.values, *(f.store.values for f in self.followers)])
 
 
-def config(shards: int, workers: int, protocol: dict) -> Any:
+def config(shards: int, workers: int, protocol: dict, wire: str = "float32") -> Any:
     return parse_config({
         "cluster": {"ps": ["127.0.0.1:0"] * shards if shards > 1 else "127.0.0.1:0", "workers": workers,
                     "startup_timeout_s": 5},
         "optimizer": {"name": "adam", "learning_rate": 0.01},
         "protocol": {"name": "bsp", **protocol}, "train": {"steps": 10_000},
-        "checkpoint": {"every_s": None}, "runtime": {"receive_timeout_s": 5}})
+        "checkpoint": {"every_s": None}, "runtime": {"receive_timeout_s": 5, "wire_dtype": wire}})
 
 
 def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None = None,
           max_bytes: int = MAX_BYTES, layout: pb.Layout = LAYOUT, tls: TLSSpec | None = None,
-          tokens: bool = False, follower_timeout_s: float = 5.0) -> Sharded:
-    """With ``tokens``: a token on every call (followers as role ``shard``); with ``tls``, mutual TLS too."""
-    cfg = config(shards, workers, protocol or {})
+          tokens: bool = False, follower_timeout_s: float = 5.0, wire: str = "float32") -> Sharded:
+    """With ``tokens``: a token on every call (followers as role ``shard``); with ``tls``, mutual TLS too;
+    ``wire``: every role's ``runtime.wire_dtype``."""
+    cfg = config(shards, workers, protocol or {}, wire)
     cfg.runtime.shard_max_mb = MAX_BYTES / 2**20
     ps = build_ps(cfg, tmp_path, prepare_run_dir(cfg, tmp_path, False))
     tokens = tokens or tls is not None
@@ -81,7 +82,7 @@ def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None =
     addresses = [f"{host}:{servers[0].port}"]
     followers = []
     for k in range(1, shards):
-        store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=workers)
+        store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=workers, wire=wire)
         followers.append(Follower(k, shards, addresses[0], client("shard", k), store, MAX_BYTES, follower_timeout_s,
                                   tmp_path / "checkpoints" / f"shard-{k}", workers=workers))
         servers.append(Server(followers[-1], "127.0.0.1:0", security))
@@ -90,12 +91,13 @@ def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None =
     while shards > 1 and not ps.admission.leader.attached:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, "the followers attach"
         time.sleep(0.01)
+    layout = with_wire(layout, wire)
     clients = [connect(addresses, layout, max_bytes, 2**20, client("worker", i)) for i in range(workers)]
-    if layout is not LAYOUT:
+    if layout.digest != LAYOUT.digest:
         return Sharded(ps, followers, servers, clients)
     for i, c in enumerate(clients):
-        if c.register(i, LAYOUT, 100).send_init:
-            c.init(i, LAYOUT, np.linspace(-1, 1, SIZE, dtype=np.float32))
+        if c.register(i, layout, 100).send_init:
+            c.init(i, layout, np.linspace(-1, 1, SIZE, dtype=np.float32))
     for i, c in enumerate(clients):
         c.pull(np.empty(SIZE, np.float32), worker=i, wait_initialized=True)
     return Sharded(ps, followers, servers, clients)

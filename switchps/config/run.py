@@ -117,6 +117,11 @@ class RuntimeSpec(Section):
     on the host (the shards on one host share its cores), else half of them, at most 8."""
     shared_memory: bool = True
     """A worker on the PS's host pushes through a shared-memory segment, not gRPC bytes (others cannot)."""
+    wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The type gradients and values cross the wire and shared memory in: float32, bfloat16 or float16 (half
+    the bytes of a push and of a reply). The PS keeps float32 values and optimizer state and checkpoints; a
+    worker registering with another type than the PS's is refused (FAILED_PRECONDITION, ``register:wire_dtype``).
+    float16 overflows beyond ±65504: such a gradient is infinite, and the PS refuses it."""
     shard_max_mb: float = Field(4.0, gt=0, le=2**20)
     """Several PS shards: a variable larger than this is cut into row blocks spread over the shards
     (BytePS's piece size); the partition is the same on every role."""

@@ -1,4 +1,4 @@
-"""Frame codec for tensor RPCs: a protobuf header plus raw float32 bytes.
+"""Frame codec for tensor RPCs: a protobuf header plus raw values (float32, or ``runtime.wire_dtype``'s).
 
 Frame 0 is ``u32 little-endian header length || header || inline payload``;
 every later frame is raw payload. A reply's payload no larger than ``INLINE_BYTES``
@@ -23,6 +23,8 @@ from typing import AsyncIterator, Iterable, Iterator, TypeVar
 
 import numpy as np
 from google.protobuf.message import DecodeError, Message
+
+from switchps.protos import wire_dtype
 
 
 LENGTH = struct.Struct("<I")
@@ -71,12 +73,15 @@ COPIES = CopyCounter()
 
 
 def array_chunks(flat: np.ndarray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
-    """Cut a 1-D float32 array into bytes chunks lazily, as the sender asks for them.
+    """Cut a 1-D array (float32, or wire values) into bytes chunks of whole values lazily, as the sender asks
+    for them.
 
     One copy per byte, unavoidable because gRPC sends ``bytes``; cutting lazily
     overlaps it with sending.
     """
     raw = flat.view(np.uint8)
+    if flat.dtype != np.float32:  # a narrow payload's frames hold whole values (a float32 value may be split)
+        chunk_bytes -= chunk_bytes % flat.itemsize
     for i in range(0, raw.size, chunk_bytes):
         chunk = raw[i : i + chunk_bytes].tobytes()
         COPIES.add(len(chunk))
@@ -152,16 +157,22 @@ def decode_header(frame0: bytes, header_type: type[M]) -> tuple[M, memoryview]:
 
 
 class PayloadWriter:
-    """Copies payload frames, one by one as they arrive, straight into float32 ``out``.
+    """Copies payload frames, one by one as they arrive, straight into ``out``.
 
-    With ``check_finite`` each frame's values are checked for NaN/inf right after they land, so
-    the check overlaps with the next frame's transfer; the same pass sums their squares
-    (``squares``: the payload's squared L2 norm, which a PS bounds per sample, ``validate``).
+    ``wire``: the payload's type (``protos/wire_dtype``) when ``out`` is float32 and the payload narrower:
+    each frame is widened as it is copied (frames hold whole values), in the same pass as the check. With
+    ``check_finite`` each frame's values are checked for NaN/inf right after they land, so the check
+    overlaps with the next frame's transfer; the same pass sums their squares (``squares``: the payload's
+    squared L2 norm, which a PS bounds per sample, ``validate``).
     """
 
-    def __init__(self, out: np.ndarray, check_finite: bool = False) -> None:
+    def __init__(self, out: np.ndarray, check_finite: bool = False, wire: str = "float32") -> None:
         self.out, self.check_finite = out, check_finite
+        self._item = wire_dtype.itemsize(wire) if out.dtype == np.float32 else out.itemsize
+        self._wire = wire if self._item != out.itemsize else ""  # '': bytes copied as they are
         self._dest = out.view(np.uint8)
+        self.nbytes = out.size * self._item
+        """The payload's bytes."""
         self.pos = 0
         self.squares = 0.0
         """The sum of squares of the values checked so far (``check_finite``); not finite once one is not."""
@@ -173,29 +184,36 @@ class PayloadWriter:
 
     def add(self, frame: bytes | memoryview) -> None:
         n, pos = len(frame), self.pos
-        if pos + n > self._dest.size:
-            raise FrameError(f"payload exceeds the expected {self._dest.size} bytes")
-        self._dest[pos : pos + n] = np.frombuffer(frame, np.uint8)
+        if pos + n > self.nbytes:
+            raise FrameError(f"payload exceeds the expected {self.nbytes} bytes")
+        if not self._wire:
+            self._dest[pos : pos + n] = np.frombuffer(frame, np.uint8)
+        elif n % self._item:
+            raise FrameError(f"a frame of a {self._wire} payload holds whole {self._item}-byte values, not {n} bytes")
+        else:
+            wire_dtype.widen(wire_dtype.view(frame, self._wire), self.out[pos // self._item : (pos + n) // self._item])
         self.pos += n
         if self.check_finite and self.finite:
-            end = self.pos // 4
+            end = self.pos // self._item
             self.squares += sum_squares(self.out[self._checked : end])
             self._checked = end
 
     def finish(self) -> bool:
         """Check the payload filled ``out`` exactly; returns whether it is all finite (if checked)."""
         COPIES.add(self.pos)
-        if self.pos != self._dest.size:
-            raise FrameError(f"payload has {self.pos} bytes, expected {self._dest.size}")
+        if self.pos != self.nbytes:
+            raise FrameError(f"payload has {self.pos} bytes, expected {self.nbytes}")
         return self.finite
 
 
-def receive_into(first: memoryview, rest: Iterable[bytes], out: np.ndarray, check_finite: bool = False) -> bool:
-    """Copy the payload (``first`` then the ``rest`` frames) into float32 ``out``, exactly filling it.
+def receive_into(first: memoryview, rest: Iterable[bytes], out: np.ndarray, check_finite: bool = False,
+                 wire: str = "float32") -> bool:
+    """Copy the payload (``first`` then the ``rest`` frames, of ``wire`` values) into float32 ``out``, exactly
+    filling it.
 
     Returns whether every value is finite when ``check_finite``, else True.
     """
-    writer = PayloadWriter(out, check_finite)
+    writer = PayloadWriter(out, check_finite, wire)
     for frame in _frames(first, rest):
         writer.add(frame)
     return writer.finish()

@@ -27,6 +27,20 @@ def make_layout(variables: Specs, state: Specs = ()) -> pb.Layout:
     )
 
 
+def with_wire(layout: pb.Layout, wire: str) -> pb.Layout:
+    """A copy of ``layout`` saying the type its values cross the wire in (float32 says nothing: the field
+    unset, so a float32 run's messages are byte for byte what they were before the field existed)."""
+    out = pb.Layout()
+    out.CopyFrom(layout)
+    out.wire_dtype = "" if wire == "float32" else wire
+    return out
+
+
+def layout_wire(layout: pb.Layout) -> str:
+    """The type ``layout``'s values cross the wire in (unset: float32)."""
+    return layout.wire_dtype or "float32"
+
+
 def trainable_size(layout: pb.Layout) -> int:
     return sum(math.prod(v.shape) for v in layout.variables)
 

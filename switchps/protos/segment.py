@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from switchps.protos import wire_dtype
 from switchps.protos.codec import ALIGN
 from switchps.refusals import invalid
 
@@ -53,21 +54,24 @@ def available() -> bool:
 
 @dataclass
 class Segment:
-    """One mapped segment: ``grad`` and ``values`` are float32 views of its two areas. ``fd``: the maker's
+    """One mapped segment: ``grad`` and ``values`` are views of its two areas, of ``wire`` values
+    (``protos/wire_dtype``: float32 unless ``runtime.wire_dtype`` is narrower). ``fd``: the maker's
     descriptor, until it has sent it (``close_fd``); -1 on the PS's side, which keeps only the mapping."""
 
     nonce: bytes
     nbytes: int
     _map: mmap.mmap = field(repr=False)
     fd: int = -1
+    wire: str = "float32"
 
     def __post_init__(self) -> None:
-        n = self.nbytes // 4
-        self.grad = np.frombuffer(self._map, np.float32, n, HEADER)
-        self.values = np.frombuffer(self._map, np.float32, n, HEADER + _area(self.nbytes))
+        dtype = wire_dtype.STORAGE[self.wire]
+        n = self.nbytes // dtype.itemsize
+        self.grad = np.frombuffer(self._map, dtype, n, HEADER)
+        self.values = np.frombuffer(self._map, dtype, n, HEADER + _area(self.nbytes))
 
     @classmethod
-    def create(cls, nbytes: int) -> "Segment":
+    def create(cls, nbytes: int, wire: str = "float32") -> "Segment":
         """A new segment of this process's (the worker's), its nonce written and its size sealed. ``OSError``
         if there is no memory for it: the pages are reserved now, so that no write into the mapping can fail
         later (SIGBUS)."""
@@ -81,10 +85,10 @@ class Segment:
             os.close(fd)
             raise
         m[:NONCE_BYTES] = nonce
-        return cls(nonce, nbytes, m, fd)
+        return cls(nonce, nbytes, m, fd, wire)
 
     @classmethod
-    def adopt(cls, fd: int, nonce: bytes, nbytes: int) -> "Segment":
+    def adopt(cls, fd: int, nonce: bytes, nbytes: int, wire: str = "float32") -> "Segment":
         """The segment a worker sent the PS ``fd`` of, mapped (``fd`` stays the caller's to close), once
         ``nonce`` has been read from it (``sealed_nonce``); ``Rejected`` (INVALID_ARGUMENT) unless it is
         ``file_bytes(nbytes)`` long."""
@@ -93,7 +97,7 @@ class Segment:
             raise invalid("segment", f"a segment of {nbytes}-byte areas is a {file_bytes(nbytes)}-byte file, "
                                      f"not {size}")
         try:
-            return cls(nonce, nbytes, mmap.mmap(fd, size))
+            return cls(nonce, nbytes, mmap.mmap(fd, size), wire=wire)
         except OSError as e:  # sealed against writes, or a descriptor opened read-only
             raise invalid("segment", f"the segment cannot be mapped to read and write: {e.strerror}") from None
 

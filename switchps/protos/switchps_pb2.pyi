@@ -15,14 +15,16 @@ class Variable(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Layout(_message.Message):
-    __slots__ = ("variables", "digest", "state")
+    __slots__ = ("variables", "digest", "state", "wire_dtype")
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     variables: _containers.RepeatedCompositeFieldContainer[Variable]
     digest: str
     state: _containers.RepeatedCompositeFieldContainer[Variable]
-    def __init__(self, variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., digest: _Optional[str] = ..., state: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ...) -> None: ...
+    wire_dtype: str
+    def __init__(self, variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., digest: _Optional[str] = ..., state: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., wire_dtype: _Optional[str] = ...) -> None: ...
 
 class WorkOrder(_message.Message):
     __slots__ = ("protocol", "version", "sample_budget", "time_budget_s", "micro_batch", "stop", "pipeline")
@@ -171,14 +173,16 @@ class InitReply(_message.Message):
     def __init__(self, order: _Optional[_Union[WorkOrder, _Mapping]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("worker", "have_version", "wait_initialized")
+    __slots__ = ("worker", "have_version", "wait_initialized", "master")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_INITIALIZED_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
     worker: int
     have_version: int
     wait_initialized: bool
-    def __init__(self, worker: _Optional[int] = ..., have_version: _Optional[int] = ..., wait_initialized: _Optional[bool] = ...) -> None: ...
+    master: bool
+    def __init__(self, worker: _Optional[int] = ..., have_version: _Optional[int] = ..., wait_initialized: _Optional[bool] = ..., master: _Optional[bool] = ...) -> None: ...
 
 class InitHeader(_message.Message):
     __slots__ = ("worker", "layout_digest", "nbytes")
@@ -259,12 +263,14 @@ class PartReply(_message.Message):
     def __init__(self, version: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class PartPull(_message.Message):
-    __slots__ = ("worker", "min_version")
+    __slots__ = ("worker", "min_version", "master")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
     worker: int
     min_version: int
-    def __init__(self, worker: _Optional[int] = ..., min_version: _Optional[int] = ...) -> None: ...
+    master: bool
+    def __init__(self, worker: _Optional[int] = ..., min_version: _Optional[int] = ..., master: _Optional[bool] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("key", "reason", "message", "squares")

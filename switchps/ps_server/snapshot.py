@@ -23,6 +23,7 @@ from typing import AsyncIterator, Callable, TypeVar
 
 import numpy as np
 
+from switchps.protos import wire_dtype
 from switchps.protos.codec import COPIES, INLINE_BYTES
 
 T = TypeVar("T")
@@ -51,14 +52,23 @@ class Snapshot:
     next update, so a reply may use them in place (``deferred``); a reader of chunks has them made first.
     """
 
-    def __init__(self, version: int, nbytes: int, chunk_bytes: int, store_lock: threading.Lock | None = None) -> None:
+    def __init__(self, version: int, nbytes: int, chunk_bytes: int, store_lock: threading.Lock | None = None,
+                 wire: str = "float32") -> None:
+        """``nbytes``: the values' on the wire, in ``wire`` values (``protos/wire_dtype``): each chunk is
+        narrowed once, as it is made, for every reader of this version."""
         self.version = version
         self.nbytes = nbytes
+        self.wire, self._item = wire, wire_dtype.itemsize(wire)
+        if wire != "float32":  # chunks of whole values
+            chunk_bytes -= chunk_bytes % self._item
         self.chunk_bytes = max(chunk_bytes, nbytes) if nbytes <= INLINE_BYTES else chunk_bytes  # inline = 1 chunk
+        self.chunk_values = self.chunk_bytes // self._item
+        """Values per chunk."""
         self._total = -(-nbytes // self.chunk_bytes)
         self._chunks: list[bytes | None] = [None] * self._total
-        self._missing = [min(self.chunk_bytes, nbytes - i * self.chunk_bytes) for i in range(self._total)]
-        """Bytes of each chunk not yet ready."""
+        values = nbytes // self._item
+        self._missing = [min(self.chunk_values, values - i * self.chunk_values) for i in range(self._total)]
+        """Values of each chunk not yet ready."""
         self._until = 0  # elements ``publish_until`` has marked ready
         self._failed: BaseException | None = None
         self._lock = threading.Lock()  # guards the chunks, the failure, the waiters and ``_source`` is set
@@ -67,38 +77,46 @@ class Snapshot:
         self._source: np.ndarray | None = None  # deferred: the store's values
 
     @classmethod
-    def of(cls, version: int, flat: np.ndarray, chunk_bytes: int) -> "Snapshot":
-        snap = cls(version, flat.nbytes, chunk_bytes)
+    def of(cls, version: int, flat: np.ndarray, chunk_bytes: int, wire: str = "float32") -> "Snapshot":
+        snap = cls(version, wire_dtype.wire_nbytes(flat.size, wire), chunk_bytes, wire=wire)
         snap.publish_until(flat, flat.size)
         return snap
 
     def publish_until(self, flat: np.ndarray, end: int) -> None:
-        """Publish every whole chunk of ``flat`` that lies below element ``end`` (all of it at the end);
-        ``end`` grows from call to call."""
+        """Publish every whole chunk of float32 ``flat`` that lies below element ``end`` (all of it at the
+        end); ``end`` grows from call to call."""
         end = min(end, flat.size)
         if end > self._until:
             self.ready(flat, self._until, end)
             self._until = end
 
     def ready(self, flat: np.ndarray, start: int, stop: int) -> None:
-        """Elements ``[start, stop)`` of ``flat`` hold this version: publish each chunk this completes
-        (thread-safe for disjoint ranges: see the module docstring)."""
-        lo, hi, size = start * 4, stop * 4, self.chunk_bytes
-        if hi <= lo:
+        """Elements ``[start, stop)`` of float32 ``flat`` hold this version: publish each chunk this
+        completes, narrowed to the wire's type as it is made (thread-safe for disjoint ranges: see the
+        module docstring)."""
+        size = self.chunk_values
+        if stop <= start:
             return
         complete = []
         with self._lock:
-            for i in range(lo // size, -(-hi // size)):
-                self._missing[i] -= min(hi, (i + 1) * size) - max(lo, i * size)
+            for i in range(start // size, -(-stop // size)):
+                self._missing[i] -= min(stop, (i + 1) * size) - max(start, i * size)
                 if self._missing[i] == 0:
                     complete.append(i)
-        raw = flat.view(np.uint8)
         for i in complete:
-            chunk = _copy_out(raw[i * size : min((i + 1) * size, raw.size)])
+            chunk = self._made(flat[i * size : min((i + 1) * size, flat.size)])
             with self._lock:
                 COPIES.add(len(chunk))
                 self._chunks[i] = chunk
                 self._wake()
+
+    def _made(self, values: np.ndarray) -> bytes:
+        """One chunk's bytes: float32 ``values`` as they are, or narrowed (``protos/wire_dtype``)."""
+        if self.wire == "float32":
+            return _copy_out(values.view(np.uint8))
+        out = wire_dtype.empty(values.size, self.wire)
+        wire_dtype.narrow(values, out)
+        return _copy_out(out.view(np.uint8))
 
     def defer(self, values: np.ndarray) -> None:
         """Make no chunks yet: ``values`` hold this version until the store settles it (under its lock)."""

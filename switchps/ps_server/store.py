@@ -46,6 +46,7 @@ import numpy as np
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import DEFAULT_CHUNK_BYTES, WHOLE_BYTES
 from switchps.protos.layout import trainable_size
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.refusals import invalid, precondition
 from switchps.ps_server.lanes import SERIAL, Lanes
 from switchps.ps_server.optimizers import Optimizer, apply_update
@@ -74,12 +75,14 @@ class ModelStore:
     """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 workers: int = 8, inline_bytes: int = WHOLE_BYTES, threads: int = 1) -> None:
+                 workers: int = 8, inline_bytes: int = WHOLE_BYTES, threads: int = 1,
+                 wire: str = "float32") -> None:
         """``workers``: the run's, each of which may hold ``EACH`` payloads at once (``slots``), with
         workers + 1 free buffers kept for reuse; ``inline_bytes``: models up to this size run their items
         on the submitting thread (see the module docstring); 0: always on the applier; ``threads``: an
         item's blocks run on this many threads (``lanes``)."""
         self._make_optimizer = make_optimizer
+        self.wire = wire  # ``runtime.wire_dtype``: the type pushes and replies carry (values stay float32)
         self.chunk_bytes, self.inline_bytes = chunk_bytes, inline_bytes
         self.lanes = Lanes(threads)
         self.slots = Slots(workers)  # the event loop's; kept across ``initialize``, which replaces the pool
@@ -103,7 +106,8 @@ class ModelStore:
 
     @property
     def nbytes(self) -> int:
-        return self.values.nbytes
+        """The values' bytes on the wire (a push's, a reply's)."""
+        return wire_nbytes(self.values.size, self.wire)
 
     def initialize(self, layout: pb.Layout, values: np.ndarray) -> None:
         with self.lock:
@@ -112,7 +116,7 @@ class ModelStore:
             self.trainable = trainable_size(layout)
             self.optimizer = self._make_optimizer(self.trainable)
             self.buffers = BufferPool(values.size, self.buffers.limit)
-            self._latest = Snapshot.of(self.version, values, self.chunk_bytes)
+            self._latest = Snapshot.of(self.version, values, self.chunk_bytes, self.wire)
             self.initialized = True
 
     def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int) -> None:
@@ -141,8 +145,24 @@ class ModelStore:
         """
         with self.lock:
             self.version += 1
-            snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes, self.lock)
+            snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes, self.lock, self.wire)
         self._enqueue(_Update(aggregate_id, samples, contributors, lr_factor, snap, on_applied))
+        return snap
+
+    def master(self) -> Snapshot:
+        """The newest version's float32 values in a snapshot of their own, whatever the wire's type (the
+        evaluator's pull): published on the writer's turn, after every update queued before it."""
+        with self.lock:
+            snap = Snapshot(self.version, self.values.nbytes, self.chunk_bytes)
+
+        def publish() -> None:
+            try:
+                snap.publish_until(self.values, self.values.size)
+            except BaseException as e:
+                snap.fail(e)
+                raise
+
+        self._enqueue(publish)
         return snap
 
     def check(self, digest: str, nbytes: int) -> None:
@@ -165,7 +185,7 @@ class ModelStore:
     def _enqueue(self, item: "_Update | Callable[[], None]") -> None:
         """Run ``item`` now if the model is small and nothing is pending (so order is kept), else queue it."""
         with self._idle:
-            inline = self._pending == 0 and self.nbytes <= self.inline_bytes
+            inline = self._pending == 0 and self.values.nbytes <= self.inline_bytes
             self._pending += 1
         if inline:
             self._run(item, inline=True)
@@ -209,7 +229,7 @@ class ModelStore:
         t0 = time.perf_counter()
         self._settle()
         values, snap, grad = self.values, u.snapshot, self.sums.take(u.aggregate_id)
-        per_chunk = snap.chunk_bytes // 4
+        per_chunk = snap.chunk_values
         last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
 
         def publish(start: int, stop: int) -> None:  # on the thread that updated the block
@@ -235,7 +255,7 @@ class ModelStore:
 
     def _lanes(self) -> Lanes:
         """The threads an item runs its blocks on: one for a model small enough to run inline."""
-        return self.lanes if self.nbytes > self.inline_bytes else SERIAL
+        return self.lanes if self.values.nbytes > self.inline_bytes else SERIAL
 
     def _settle(self) -> None:
         """Before values change: the last deferred snapshot's chunks, if anyone still holds it."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from switchps.config.run import RunConfig
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.core.actions import (Action, Apply, Count, Free, Join, Record, Release, SetOptimizer,
                                              execute)
@@ -53,7 +54,7 @@ class Simulator:
     def __init__(self, cfg: RunConfig, parts: Drive, loop: Loop) -> None:
         self.cfg, self.parts, self.loop = cfg, parts, loop
         self.core, self.learner, self.rec = parts.core, parts.learner, parts.rec
-        nbytes = parts.learner.values.nbytes
+        nbytes = wire_nbytes(parts.learner.values.size, cfg.runtime.wire_dtype)  # the link carries the wire's type
         self.inbound = Wire(loop, parts.link.inbound if parts.link else None, nbytes)
         self.outbound = Wire(loop, parts.link.outbound if parts.link else None, nbytes)
         self.works: dict[int, Work] = {}  # push id -> its step, until the push is applied or dropped

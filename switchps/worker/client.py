@@ -25,7 +25,9 @@ from switchps.protos.codec import (
     COPIES, DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, whole_frame,
     whole_limit,
 )
+from switchps.protos import wire_dtype
 from switchps.protos.heap import tune_allocator
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.protos.segment import NOT_ATTACHED, Segment, available, file_bytes
 from switchps.worker.local_line import LineBroken, LocalLine, LocalRpcError
 
@@ -85,12 +87,14 @@ class Reply:
 
 class PSClient:
     """One channel to the PS, with this client's credentials on every call. ``params`` is the caller's
-    flat float32 buffer that pulls fill."""
+    flat float32 buffer that pulls fill. ``wire``: the type pushes and replies carry (``runtime.wire_dtype``):
+    a float32 payload is narrowed here, a reply's values widened into ``params``."""
 
     def __init__(self, address: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout_s: float | None = None,
-                 security: ClientSecurity = ClientSecurity()) -> None:
+                 security: ClientSecurity = ClientSecurity(), wire: str = "float32") -> None:
         tune_allocator()
-        self.address = address
+        self.address, self.wire = address, wire
+        self._narrow: np.ndarray | None = None  # a narrow wire's payload, reused push after push
         self.chunk_bytes = chunk_bytes
         self.timeout_s = timeout_s
         self._md = security.metadata
@@ -152,7 +156,7 @@ class PSClient:
         if not available():
             return False
         try:
-            segment = Segment.create(nbytes)
+            segment = Segment.create(nbytes, self.wire)
         except OSError as e:
             log.warning("no shared-memory segment of %d bytes (%s): pushing as gRPC bytes", file_bytes(nbytes), e)
             return False
@@ -193,9 +197,11 @@ class PSClient:
         return reply.order
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
-             wait_initialized: bool = False) -> Reply:
+             wait_initialized: bool = False, master: bool = False) -> Reply:
+        """The model's values into ``params``; ``master``: the PS's float32 values, not the wire type's (a
+        client of wire float32 asks this of a PS whose wire is narrower: the evaluator)."""
         request = next(encode(pb.PullRequest(worker=worker, have_version=have_version,
-                                             wait_initialized=wait_initialized)))
+                                             wait_initialized=wait_initialized, master=master)))
         return self._read_reply(self._pull(request, timeout=self.timeout_s, metadata=self._md), params,
                                 pb.PullReply)
 
@@ -203,23 +209,36 @@ class PSClient:
         """Push a summed gradient; the reply's values are in its ``values`` (``params``, or the attached
         segment). Through a segment only the header is sent; otherwise a gradient of at most
         ``codec.whole_limit`` goes as one message each way (``PushSmall``), a larger one as a stream of chunks."""
-        header.nbytes, header.shared = grad_sum.nbytes, True
-        shared = self.through_segment(header.worker, grad_sum.nbytes,
+        header.nbytes, header.shared = wire_nbytes(grad_sum.size, self.wire), True
+        shared = self.through_segment(header.worker, header.nbytes,
                                       lambda: self._push_shared(header, grad_sum, params))
         if shared is not None:
             return shared
         header.shared = False
-        if grad_sum.nbytes <= whole_limit(self.chunk_bytes):
-            reply = self._push_small(whole_frame(header, grad_sum), timeout=self.timeout_s, metadata=self._md)
+        payload = self._on_wire(grad_sum)
+        if payload.nbytes <= whole_limit(self.chunk_bytes):
+            reply = self._push_small(whole_frame(header, payload), timeout=self.timeout_s, metadata=self._md)
             return self._read_reply(iter([reply]), params, pb.PushReply)
-        frames = encode_array(header, grad_sum, self.chunk_bytes)
+        frames = encode_array(header, payload, self.chunk_bytes)
         return self._read_reply(self._push(frames, timeout=self.timeout_s, metadata=self._md), params, pb.PushReply)
+
+    def _on_wire(self, grad_sum: np.ndarray) -> np.ndarray:
+        """A payload in the wire's type: as it is if it is (written in ``payload_area``), else narrowed into
+        a buffer kept for the next push (and offered as the next payload's area)."""
+        if grad_sum.dtype == wire_dtype.STORAGE[self.wire]:
+            return grad_sum
+        if self._narrow is None or self._narrow.size != grad_sum.size:
+            self._narrow = wire_dtype.empty(grad_sum.size, self.wire)
+        wire_dtype.narrow(grad_sum, self._narrow)
+        return self._narrow
 
     @property
     def payload_area(self) -> np.ndarray | None:
-        """Where a payload of the attached model's size is sent from without a copy (the segment's gradient
-        area), if any: a computer writes its payload there (``GradientComputer.payload_to``)."""
-        return None if self.segment is None else self.segment.grad
+        """Where a payload of the model's size is sent from without a copy, if anywhere: the attached
+        segment's gradient area, or on a narrow wire the buffer the last push was narrowed into. A computer
+        writes its payload there (``GradientComputer.payload_to``), narrowed if the area is of a narrow
+        wire's type (``protos/wire_dtype``)."""
+        return self.segment.grad if self.segment is not None else self._narrow
 
     def through_segment(self, worker: int, nbytes: int, send: Callable[[], T]) -> T | None:
         """``send()``'s result if a payload of ``nbytes`` goes through the attached segment; after a restart
@@ -240,20 +259,32 @@ class PSClient:
         frame = self._send_shared(next(encode(header)))
         return self._read_reply(iter([frame]), params, pb.PushReply, segment)
 
-    def _part_shared(self, header: pb.PartHeader, part: np.ndarray) -> tuple[pb.PartReply, np.ndarray]:
+    def _part_shared(self, header: pb.PartHeader, part: np.ndarray, out: np.ndarray,
+                     ) -> tuple[pb.PartReply, np.ndarray]:
         """A follower shard's part of a push through ``self.segment``; only the header is sent. The reply,
-        and where the reply's part is: the segment's values area."""
+        and where the reply's part is (``_shared_values``)."""
+        header.nbytes = wire_nbytes(part.size, self.wire)
         segment = self._into_segment(part)
         reply, _ = decode_header(self._send_shared(next(encode(header))), pb.PartReply)
-        return reply, segment.values
+        return reply, self._shared_values(segment, reply.nbytes > 0, out)
 
     def _into_segment(self, payload: np.ndarray) -> Segment:
-        """``self.segment``, ``payload`` in its gradient area."""
+        """``self.segment``, ``payload`` in its gradient area (narrowed to the wire's type)."""
         assert self.segment is not None
         if payload.ctypes.data != self.segment.grad.ctypes.data:  # not written there already
-            np.copyto(self.segment.grad, payload)
-            COPIES.add(payload.nbytes)
+            wire_dtype.narrow(payload, self.segment.grad)
+            COPIES.add(self.segment.grad.nbytes)
         return self.segment
+
+    def _shared_values(self, segment: Segment, fresh: bool, out: np.ndarray) -> np.ndarray:
+        """Where the values of a reply through ``segment`` are: its values area on a float32 wire, else
+        widened from there into ``out``."""
+        if self.wire == "float32":
+            return segment.values
+        if fresh:
+            wire_dtype.widen(segment.values, out)
+            COPIES.add(segment.values.nbytes)
+        return out
 
     def _send_shared(self, request: bytes) -> bytes:
         """A shared push's request, through the PS's socket if there is one, else a ``PushSmall`` call; its
@@ -269,36 +300,40 @@ class PSClient:
     def part(self, rpc: str, header: pb.PartHeader, part: np.ndarray, out: np.ndarray,
              ) -> tuple[pb.PartReply, np.ndarray]:
         """A follower shard's part of a push (``PushPart``: through the attached segment if there is one)
-        or of the initial values (``InitPart``); the reply, and where the reply's part of the parameters
-        is: ``out``, or the segment's values area."""
-        header.nbytes = part.nbytes
+        or of the initial values (``InitPart``, float32 whatever the wire); the reply, and where the
+        reply's part of the parameters is: ``out``, or the segment's values area."""
         if rpc == "PushPart" and (shared := self.through_segment(
-                header.key.worker, part.nbytes, lambda: self._part_shared(header, part))) is not None:
+                header.key.worker, wire_nbytes(part.size, self.wire),
+                lambda: self._part_shared(header, part, out))) is not None:
             return shared
-        frames = self._parts[rpc](encode_array(header, part, self.chunk_bytes), timeout=self.timeout_s,
+        payload = part if rpc == "InitPart" else self._on_wire(part)
+        header.nbytes = payload.nbytes
+        frames = self._parts[rpc](encode_array(header, payload, self.chunk_bytes), timeout=self.timeout_s,
                                   metadata=self._md)
         return self._read_part(frames, out), out
 
-    def pull_part(self, out: np.ndarray, worker: int, min_version: int) -> pb.PartReply:
-        """A follower shard's part of the parameters, at ``min_version`` (shard 0's) or newer."""
-        request = next(encode(pb.PartPull(worker=worker, min_version=min_version)))
+    def pull_part(self, out: np.ndarray, worker: int, min_version: int, master: bool = False) -> pb.PartReply:
+        """A follower shard's part of the parameters, at ``min_version`` (shard 0's) or newer (``master``: its
+        float32 values, as ``pull``'s)."""
+        request = next(encode(pb.PartPull(worker=worker, min_version=min_version, master=master)))
         return self._read_part(self._pull_part(request, timeout=self.timeout_s, metadata=self._md), out)
 
     def _read_part(self, frames: Iterator[bytes], out: np.ndarray) -> pb.PartReply:
         reply, first = decode_header(next(frames), pb.PartReply)
         if reply.nbytes:
-            receive_into(first, frames, out)
+            master = reply.nbytes == out.nbytes  # a part of float32 values (``pull_part``'s master), not the wire's
+            receive_into(first, frames, out, wire="float32" if master else self.wire)
         return reply
 
-    @staticmethod
-    def _read_reply(frames: Iterator[bytes], params: np.ndarray, kind: type[pb.PushReply] | type[pb.PullReply],
-                    segment: Segment | None = None) -> Reply:
-        """The reply's header, and its values read into ``params`` (left in ``segment`` if the PS put them there)."""
+    def _read_reply(self, frames: Iterator[bytes], params: np.ndarray,
+                    kind: type[pb.PushReply] | type[pb.PullReply], segment: Segment | None = None) -> Reply:
+        """The reply's header, and its values read into ``params`` (left in ``segment`` if the PS put them there
+        in float32; widened into ``params`` from a narrow wire's)."""
         reply, first = decode_header(next(frames), kind)
         if segment is not None and isinstance(reply, pb.PushReply) and reply.shared:
-            return Reply(reply, fresh=reply.nbytes > 0, values=segment.values)
+            return Reply(reply, fresh=reply.nbytes > 0, values=self._shared_values(segment, reply.nbytes > 0, params))
         if reply.nbytes:
-            receive_into(first, frames, params)
+            receive_into(first, frames, params, wire=self.wire)
         return Reply(reply, fresh=reply.nbytes > 0, values=params)
 
 

@@ -40,12 +40,13 @@ def run_evaluator(cfg: RunConfig, out_dir: Path) -> Path:
                      client_security(cfg, "evaluator"))
     retry = Reconnect(client.address, cfg.cluster.reconnect_s)
     values = np.empty(weights.size, np.float32)
-    version = retry(lambda: client.pull(values, wait_initialized=True)).order.version
+    master = cfg.runtime.wire_dtype != "float32"  # scores the PS's float32 values, not the wire's narrowed ones
+    version = retry(lambda: client.pull(values, wait_initialized=True, master=master)).order.version
     weights.assign(values)
     while True:
         t0 = time.monotonic()
         final = retry(client.status).done  # once done, the next pull is the last version
-        reply = retry(lambda: client.pull(values, have_version=version))
+        reply = retry(lambda: client.pull(values, have_version=version, master=master))
         if reply.fresh:
             weights.assign(values)
             version = reply.order.version

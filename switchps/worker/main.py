@@ -14,9 +14,9 @@ then waits for reply k, sends push k+1 and loads reply k's values: its pushes ar
 say so (each carries the version of the values it was computed on). The concurrency contract, while push
 k is in flight (it reads its payload and may write its reply buffer and the segment's areas):
 
-- step k+1 writes its payload into the other of two private buffers, never the segment's gradient area
-  (the PS may still be reading it): a push through shared memory copies its payload there (one copy a
-  step; gRPC bytes none beyond today's);
+- step k+1 writes its payload into the other of two private buffers (of the wire's type: the computer
+  narrows it), never the segment's gradient area (the PS may still be reading it): a push through
+  shared memory copies its payload there (one copy a step; gRPC bytes none beyond today's);
 - the model runs at values no reply writes: push k's reply goes into the one of two private values
   buffers the model does not run at, or, through shared memory, is copied there out of the segment's
   values area (one copy a step; none through gRPC), and is staged from there. A computer that copies
@@ -36,6 +36,7 @@ import numpy as np
 
 from switchps.config.run import RunConfig
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos import wire_dtype
 from switchps.protos.codec import COPIES
 from switchps.straggler_trace import StepDelays
 from switchps.worker.client import Reply
@@ -76,6 +77,7 @@ class Worker:
 
     def __init__(self, cfg: RunConfig, index: int, gc: Computer, ps: Session, params: np.ndarray) -> None:
         self.index, self.gc, self.ps, self.params = index, gc, ps, params
+        self.wire = cfg.runtime.wire_dtype
         self.runner = StepRunner(gc, make_sampler(cfg.data.sampling, gc.samples, cfg.seed, index),
                                  cfg.device.samples_per_s, ps.clock)
         self.stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index,
@@ -101,7 +103,7 @@ class Worker:
         ps, clock = self.ps, self.ps.clock
         if self.values is None or self.grads is None:
             self.values = self.params, self.gc.buffer()
-            self.grads = self.gc.buffer(), self.gc.buffer()  # the computer's kind of buffer (aligned)
+            self.grads = self._payload_buffer(), self._payload_buffer()
         order, base = ps.order, ps.order.version  # ``base``: the version of the values the model runs at
         self.gc.payload_to = self.grads[0]
         s, delays = self._compute(order, ps.step, ps.received_at)
@@ -121,6 +123,11 @@ class Worker:
                 self._stage(ps.push(s.grad, s.samples, self.params, base_version=its_base,
                                     **_stats(s, delays, overlapped)))
                 return
+
+    def _payload_buffer(self) -> np.ndarray:
+        """A private payload buffer: the computer's kind (aligned; page-locked on a GPU), or of a narrow wire's
+        type, so the computer narrows the payload itself (a GPU on the device, half the bytes crossing)."""
+        return self.gc.buffer() if self.wire == "float32" else wire_dtype.empty(self.gc.size, self.wire)
 
     def _compute(self, order: pb.WorkOrder, step: int, received_at: float) -> tuple[Step, StepDelays]:
         """Step number ``step`` under ``order``, received (or, overlapping, started) at ``received_at``."""

@@ -24,6 +24,8 @@ import numpy as np
 
 from switchps.config.run import RunConfig
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.layout import with_wire
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.security.channels import client_security
 from switchps.worker.client import Reconnect, Reply
 from switchps.worker.sharded import connect
@@ -42,6 +44,7 @@ class Session:
     def __init__(self, cfg: RunConfig, index: int, layout: pb.Layout, size: int, partition_size: int,
                  read: Callable[[], np.ndarray], *, framework: str, device: str,
                  clock: Clock | None = None) -> None:
+        layout = with_wire(layout, cfg.runtime.wire_dtype)  # what the PS checks at registration
         self.index, self.layout = index, layout
         self.clock = clock or RealClock()
         self.client = connect(cfg.cluster.shards, layout, cfg.runtime.shard_max_bytes, cfg.runtime.chunk_bytes,
@@ -50,7 +53,7 @@ class Session:
         def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
             if self.client.register(index, layout, partition_size, wait, framework=framework, device=device).send_init:  # the PS has no model yet
                 self.client.init(index, layout, read())
-            if cfg.runtime.shared_memory and self.client.attach(index, size * 4):
+            if cfg.runtime.shared_memory and self.client.attach(index, wire_nbytes(size, cfg.runtime.wire_dtype)):
                 log.info("worker %d: pushes through shared memory (the PS is on this host)%s", index,
                          ", its headers through the PS's socket" if self.client.socket_path else "")
 

@@ -22,6 +22,8 @@ import numpy as np
 
 from switchps.security.channels import ClientSecurity
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.layout import layout_wire
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.protos.partition import of_layout, part_layout
 from switchps.worker.client import PSClient, Reply
 
@@ -41,7 +43,8 @@ class ShardedClient:
     def __init__(self, addresses: list[str], layout: pb.Layout, max_bytes: int, chunk_bytes: int,
                  security: ClientSecurity = ClientSecurity(), timeout_s: float | None = None) -> None:
         self.address = addresses[0]
-        self.clients = [PSClient(a, chunk_bytes, timeout_s, security) for a in addresses]
+        self.wire = layout_wire(layout)
+        self.clients = [PSClient(a, chunk_bytes, timeout_s, security, self.wire) for a in addresses]
         self.partition = of_layout(layout, len(addresses), max_bytes)
         self.layouts = [part_layout(layout, self.partition, k) for k in range(len(addresses))]
         self.parts = [np.empty(n, np.float32) for n in self.partition.sizes()]
@@ -60,9 +63,9 @@ class ShardedClient:
         return reply
 
     def attach(self, worker: int, nbytes: int) -> bool:
-        """Each shard's part of a push through a segment of its own, sized for that part, if that shard is
-        on this host (the others' go as gRPC bytes); whether every shard's does."""
-        return all([c.attach(worker, part.nbytes) for c, part in zip(self.clients, self.parts)])
+        """Each shard's part of a push through a segment of its own, sized for that part in the wire's type,
+        if that shard is on this host (the others' go as gRPC bytes); whether every shard's does."""
+        return all([c.attach(worker, wire_nbytes(part.size, self.wire)) for c, part in zip(self.clients, self.parts)])
 
     @property
     def socket_path(self) -> str:
@@ -78,7 +81,8 @@ class ShardedClient:
 
     def push(self, header: pb.PushHeader, grad_sum: np.ndarray, params: np.ndarray) -> Reply:
         """Every shard's part of the push at once; ``params`` gets every shard's part of the reply."""
-        parts = self.partition.split(grad_sum, [c.payload_area for c in self.clients])  # into the segments
+        areas = [c.payload_area for c in self.clients] if self.wire == "float32" else []  # else narrowed there
+        parts = self.partition.split(grad_sum, areas)  # into the segments
         header.attempt = secrets.randbits(62)
         followers = self._each("PushPart", pb.PartKey(worker=header.worker, session=header.session,
                                                       step=header.stats.step, attempt=header.attempt), parts)
@@ -90,12 +94,13 @@ class ShardedClient:
         return Reply(reply.reply, reply.fresh, params)
 
     def pull(self, params: np.ndarray, worker: int = -1, have_version: int = -1,
-             wait_initialized: bool = False) -> Reply:
-        """Shard 0's part and order, then every follower's part at that version (or newer)."""
-        reply = self.clients[0].pull(self.parts[0], worker, have_version, wait_initialized)
+             wait_initialized: bool = False, master: bool = False) -> Reply:
+        """Shard 0's part and order, then every follower's part at that version (or newer); ``master``: the
+        shards' float32 values, whatever the wire's type (the evaluator's)."""
+        reply = self.clients[0].pull(self.parts[0], worker, have_version, wait_initialized, master)
         if reply.fresh:
             version = reply.order.version
-            _results([self._pool.submit(c.pull_part, out, worker, version)
+            _results([self._pool.submit(c.pull_part, out, worker, version, master)
                       for c, out in zip(self.clients[1:], self.parts[1:])])
             self.partition.join(self.parts, out=params)
         return reply
@@ -139,7 +144,8 @@ def _together(first: Callable[[], T], followers: list[Future[Any]]) -> T:
 
 def connect(addresses: list[str], layout: pb.Layout, max_bytes: int, chunk_bytes: int,
             security: ClientSecurity) -> PSClient | ShardedClient:
-    """A client of the PS at ``addresses`` (``cluster.shards``): one shard, a plain ``PSClient``."""
+    """A client of the PS at ``addresses`` (``cluster.shards``): one shard, a plain ``PSClient`` whose pushes
+    and replies carry the type ``layout`` says (``Layout.wire_dtype``)."""
     if len(addresses) == 1:
-        return PSClient(addresses[0], chunk_bytes, security=security)
-    return ShardedClient(addresses, layout, max_bytes, chunk_bytes, security)
+        return PSClient(addresses[0], chunk_bytes, security=security, wire=layout_wire(layout))
+    return ShardedClient(addresses, layout, max_bytes, chunk_bytes, security)  # its parts in ``layout``'s type

@@ -92,7 +92,7 @@ class Worker:
         if not done:
             raise RuntimeError("ps.step() before any micro-batch of ps.batches(loader)")
         payload = self.session.payload_area
-        if payload is None or payload.size != self.flat.size:
+        if payload is None or payload.size != self.flat.size or payload.dtype != np.float32:  # narrowed by the client
             if self._payload is None:
                 self._payload = np.empty(self.flat.size, np.float32)
             payload = self._payload

@@ -15,6 +15,7 @@ from typing import Protocol
 import grpc
 
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.layout import layout_wire
 from switchps.ps_server.checkpoint import Checkpoint
 from switchps.ps_server.core.actions import Executor
 from switchps.ps_server.rpc.guard import Guard
@@ -38,6 +39,15 @@ def same_framework(req: pb.RegisterRequest, held: str) -> str:
         raise precondition("framework", f"worker {req.worker} runs model.framework {req.framework}, the PS's "
                                         f"workers {held}: one framework per run (the same on every worker)")
     return held or req.framework
+
+
+def same_wire(req: pb.RegisterRequest, wire: str) -> None:
+    """``Rejected`` unless ``req``'s layout says the PS's ``runtime.wire_dtype`` (unset: float32, as an older
+    client sends): pushes and replies in another type would be read as garbage."""
+    said = layout_wire(req.layout)
+    if said != wire:
+        raise precondition("wire_dtype", f"worker {req.worker} sends runtime.wire_dtype {said}, the PS takes "
+                                         f"{wire}: the same runtime.wire_dtype on every role")
 
 
 class Served(Protocol):

@@ -12,6 +12,7 @@ import numpy as np
 
 from switchps.protos.codec import COPIES, PayloadWriter
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.wire_dtype import narrow
 from switchps.protos.segment import NONCE_BYTES, NOT_ATTACHED, Segment, sealed_nonce
 from switchps.ps_server.rpc.local_pushes import LocalPushes, Pushes
 from switchps.ps_server.snapshot import Snapshot
@@ -21,7 +22,8 @@ from switchps.refusals import invalid, precondition
 class Attachments:
     """Who attached which segment; ``Rejected`` for a request no worker of this PS would make."""
 
-    def __init__(self) -> None:
+    def __init__(self, wire: str = "float32") -> None:
+        self.wire = wire  # the type of the segments' areas (``runtime.wire_dtype``)
         self._segments: dict[int, Segment] = {}
         self._expected: dict[int, tuple[bytes, int]] = {}
         """Per worker, its last ``Attach`` whose segment has not come yet: the nonce and the areas' size."""
@@ -63,7 +65,7 @@ class Attachments:
         if worker is None:
             raise invalid("segment", "no Attach sent the nonce this segment holds")
         authorize(worker)
-        self._segments[worker] = Segment.adopt(fds[0], nonce, self._expected[worker][1])
+        self._segments[worker] = Segment.adopt(fds[0], nonce, self._expected[worker][1], self.wire)
         del self._expected[worker]
 
     def payload(self, worker: int, inline: memoryview) -> tuple[Segment, memoryview]:
@@ -77,8 +79,8 @@ class Attachments:
 
 
 async def write_values(segment: Segment, snapshot: Snapshot) -> None:
-    """A version's values into the segment's values area: straight from the model's if the snapshot is
-    still deferred, else chunk by chunk as they are published."""
+    """A version's values into the segment's values area (of wire values): straight from the model's
+    (narrowed as copied) if the snapshot is still deferred, else chunk by chunk as they are published."""
     if snapshot.deferred(partial(_copy, segment.values)):
         return
     writer = PayloadWriter(segment.values)
@@ -88,6 +90,6 @@ async def write_values(segment: Segment, snapshot: Snapshot) -> None:
 
 
 def _copy(out: np.ndarray, values: np.ndarray) -> bool:
-    np.copyto(out, values)
+    narrow(values, out)
     COPIES.add(out.nbytes)
     return True

@@ -42,7 +42,8 @@ from switchps.protos.orders import to_wire
 from switchps.protos.requests import decode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
-from switchps.ps_server.rpc.admission import Admission, Alone, same_framework
+from switchps.protos.wire_dtype import narrowed, wire_nbytes
+from switchps.ps_server.rpc.admission import Admission, Alone, same_framework, same_wire
 from switchps.ps_server.rpc.attachments import Attachments, write_values
 from switchps.ps_server.rpc.executor import StoreExecutor
 from switchps.ps_server.checkpointer import Checkpointer
@@ -93,7 +94,7 @@ class ParameterServer:
         self._timer_at: float | None = None
         self._started_async: asyncio.Event | None = None
         self.count_rejection = RejectionCounter(clock, rec, lambda: self.core.version).count
-        self.segments = Attachments()
+        self.segments = Attachments(store.wire)
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
         self._checkpoint_soon = False
         self.guard: Guard | None = None  # set by ``server.Server`` when the PS has a secret
@@ -167,6 +168,7 @@ class ParameterServer:
             self.core.check_register(req.worker, req.partition_size)
             first = self.layout is None
             framework = same_framework(req, self.framework)
+            same_wire(req, self.store.wire)
             self.layout = self.admission.adopt(req, self.layout)
             actions = self.core.register(req.worker, req.partition_size, self.clock())
         except Rejected as r:
@@ -210,7 +212,7 @@ class ParameterServer:
         try:
             req = parse(body, pb.AttachRequest)
             as_worker(self.guard, ctx, req.worker, "Attach")
-            nbytes = layout_size(self.layout) * 4 if self.layout is not None else 0
+            nbytes = wire_nbytes(layout_size(self.layout), self.store.wire) if self.layout is not None else 0
             return self.segments.attach(req, req.worker in self.core.members.registered, nbytes)
         except Rejected as r:
             await self._reject(ctx, "attach", r)
@@ -271,6 +273,8 @@ class ParameterServer:
         if not self.store.initialized:
             await self._reject(ctx, "pull", precondition("not_initialized", "the model is not initialized yet"))
         snapshot, reply = self.store.snapshot(), pb.PullReply(order=_order(self.core.issue(req.worker, self.clock())))
+        if req.master and self.store.wire != "float32" and req.have_version != snapshot.version:
+            snapshot = self.store.master()
         async for frame in self._send(reply, snapshot if req.have_version != snapshot.version else None, req.worker):
             yield frame
 
@@ -340,7 +344,7 @@ class ParameterServer:
             segment, first = self.segments.payload(h.worker, first)
         with self.store.slots.holding(h.worker):  # one worker's stalled pushes hold no other worker's slots
             async with self.store.buffers.receiving() as grad:
-                payload = PayloadWriter(grad, check_finite=True)
+                payload = PayloadWriter(grad, check_finite=True, wire=self.store.wire)
                 if not await fill(payload, first, ctx, None if whole else self.receive_timeout_s):
                     raise invalid("non_finite", "gradient has NaN or inf values")
                 check_grad_norm(payload.squares, h.samples, self.max_grad_norm)  # before any wait
@@ -368,7 +372,7 @@ class ParameterServer:
             reply.shared = True
             yield next(encode(reply))
             return
-        if whole and (frame := snapshot.deferred(partial(whole_frame, reply))) is not None:
+        if whole and (frame := snapshot.deferred(partial(_whole_frame, reply, self.store.wire))) is not None:
             yield frame
             return
         async for frame in aencode(reply, snapshot.achunks(), snapshot.nbytes):
@@ -398,6 +402,11 @@ class ParameterServer:
             "Pull": grpc.unary_stream_rpc_method_handler(self.pull, **raw),
             **self.admission.methods(self),
         }
+
+
+def _whole_frame(reply: pb.PushReply, wire: str, values: np.ndarray) -> bytes:
+    """A ``PushSmall``'s reply from a deferred snapshot's float32 values, narrowed to the wire's type."""
+    return whole_frame(reply, narrowed(values, wire))
 
 
 def _report(s: pb.StepStats) -> StepReport:

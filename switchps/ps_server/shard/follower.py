@@ -100,7 +100,7 @@ class Follower:
         self._layout: pb.Layout | None = None
         self._set_up: asyncio.Event | None = None
         self._applied: asyncio.Event | None = None
-        self.segments = Attachments()
+        self.segments = Attachments(store.wire)
         """The segments of the workers on this host, for their parts (``attach``), as shard 0's."""
 
     # ---- the Follow stream -----------------------------------------------------------------------
@@ -326,7 +326,7 @@ class Follower:
                 self.store.check(h.layout_digest, h.nbytes)
             with self.store.slots.holding(key[0]):
                 async with self.store.buffers.receiving(size if init else None) as part:
-                    payload = PayloadWriter(part, check_finite=True)
+                    payload = PayloadWriter(part, check_finite=True, wire="float32" if init else self.store.wire)
                     if not await fill(payload, first, ctx, None if shared else self.receive_timeout_s):
                         raise invalid("non_finite", "the part has NaN or inf values")
         except Rejected as r:
@@ -336,9 +336,9 @@ class Follower:
             self.store.buffers.discard(part)
             raise Rejected("ABORTED", "dropped", f"refused by another PS shard: {self._dropped[key]}")
         self._keep(key, part)
-        self.traffic["in"] += part.nbytes
+        self.traffic["in"] += h.nbytes
         if shared:
-            self.traffic["in_shared"] += part.nbytes
+            self.traffic["in_shared"] += h.nbytes
         self._tell(key, None, payload.squares)
         return key, part
 
@@ -406,7 +406,8 @@ class Follower:
         except Rejected as r:
             refuse(ctx, self.count_rejection, "pull_part", r)
             return
-        async for frame in self._reply(self.store.snapshot()):
+        master = req.master and self.store.wire != "float32"  # the evaluator's, on a narrow wire
+        async for frame in self._reply(self.store.master() if master else self.store.snapshot()):
             yield frame
 
     async def _until_version(self, version: int) -> None:

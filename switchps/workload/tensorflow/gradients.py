@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from switchps.protos.codec import ALIGN, aligned_empty
+from switchps.protos.wire_dtype import narrow
 from switchps.workload.tensorflow.weights import FlatWeights
 
 
@@ -179,12 +180,13 @@ class GradientComputer:
 
     def _payload(self, parts: list[tf.Tensor]) -> np.ndarray:
         """The parts copied, in order, into ``payload_to`` (or a new vector): the one pass over the payload
-        between TF's buffers and the place it is sent from."""
+        between TF's buffers and the place it is sent from (narrowed to a narrow wire's type, if
+        ``payload_to`` is of one)."""
         out = np.empty(self.size, np.float32) if self.payload_to is None else self.payload_to
         start = 0
         for part in parts:
             flat = np.asarray(memoryview(part)).reshape(-1)  # TF's buffer, read in place (``.numpy()`` copies)
-            out[start : start + flat.size] = flat
+            narrow(flat, out[start : start + flat.size])  # a narrow wire's payload: narrowed in the same pass
             start += flat.size
         return out
 

@@ -59,11 +59,14 @@ class Copies:
 
     def download(self, source: torch.Tensor, target: np.ndarray) -> np.ndarray:
         """Copy the device vector ``source``, once the compute stream's work so far has written it, into the
-        host vector ``target``; returns when it is there."""
+        host vector ``target``; returns when it is there. A ``target`` of a narrow wire's type (bfloat16's
+        bits, float16: ``protos/wire_dtype``) gets it narrowed on the device first, so half the bytes cross
+        (torch rounds to bfloat16 as ``wire_dtype.narrow`` does, bit for bit)."""
         self._pin("download", target)
         self.stream.wait_stream(self.cuda.current_stream(self.device))
         with self.cuda.stream(self.stream):
-            torch.from_numpy(target).copy_(source, non_blocking=True)
+            host = host_view(target)
+            host.copy_(source if host.dtype == source.dtype else source.to(host.dtype), non_blocking=True)
         self.stream.synchronize()
         return target
 
@@ -131,3 +134,10 @@ def _memory(array: np.ndarray) -> tuple[object, int, int]:
     except TypeError:  # no base (the ndarray owns its memory), or one that exports no buffer
         return owner, owner.ctypes.data, owner.nbytes
     return base, whole.ctypes.data, whole.nbytes
+
+
+def host_view(array: np.ndarray) -> torch.Tensor:
+    """Host vector ``array`` as a tensor of its type: float32, float16, or bfloat16 kept as its bits (uint16)."""
+    if array.dtype == np.uint16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from switchps.protos.codec import aligned_empty
+from switchps.protos.wire_dtype import narrow
 from switchps.workload.torch.copies import Copies
 from switchps.workload.torch.weights import FlatParams, copy_all, host_tensor
 
@@ -64,7 +65,10 @@ class TorchComputer:
         self._loss: torch.Tensor | None = None
         self.payload_to: np.ndarray | None = None
         """Where a step writes its payload (a worker's segment: the PS reads it from there); None: a new vector
-        each step. The caller reads a payload there before the next step."""
+        each step. The caller reads a payload there before the next step. Of a narrow wire's type
+        (``protos/wire_dtype``: bfloat16 bits, float16), the step accumulates in float32 and narrows once
+        at the end: on a GPU on the device, before the copy to the host (half its bytes)."""
+        self._wide: np.ndarray | None = None  # the CPU's float32 accumulator for a narrow ``payload_to``
 
     def _batch(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.asarray(rows, np.int64)
@@ -98,6 +102,10 @@ class TorchComputer:
         self._out = self._vector() if self.payload_to is None else self.payload_to
         if self._device_acc is not None:
             return self._payload(self._device_acc, self._device_acc)
+        if self._out.dtype != np.float32:
+            if self._wide is None or self._wide.size != self.size:
+                self._wide = np.empty(self.size, np.float32)
+            return self._payload(self._wide, torch.from_numpy(self._wide), keep=True)
         return self._payload(self._out, torch.from_numpy(self._out), keep=self.payload_to is not None)
 
     def finish(self) -> tuple[np.ndarray, float]:
@@ -111,7 +119,10 @@ class TorchComputer:
             copy_all(acc.state, self._state)
             if self._copies is not None:
                 assert self._device_acc is not None
-                self._copies.download(self._device_acc, out)
+                self._copies.download(self._device_acc, out)  # narrowed on the device, if the wire is narrow
+            elif out.dtype != np.float32:
+                assert self._wide is not None
+                narrow(self._wide, out)
         self._acc = self._out = self._loss = None
         return out, 0.0 if loss is None else float(loss)
 
