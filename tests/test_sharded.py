@@ -18,6 +18,7 @@ from switchps.security.certs import write_dir
 from switchps.security.channels import ClientSecurity, ServerSecurity
 from switchps.config.run import parse_config
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos import wire_dtype as wd
 from switchps.protos.layout import make_layout, with_wire
 from switchps.config.security import TLSSpec
 from switchps.ps_server.shard.follower import Follower
@@ -197,20 +198,26 @@ def attached(s: Sharded) -> Sharded:
     return s
 
 
-def test_every_shard_takes_its_part_through_a_segment_and_applies_what_grpc_bytes_apply(make):
-    """Fails where followers take parts only as gRPC bytes: no segment, nothing counted as shared."""
-    grpc_bytes, shared = make(3, protocol={"name": "asp"}), attached(make(3, protocol={"name": "asp"}))
+@pytest.mark.parametrize("wire", ["float32", "bfloat16"])
+def test_every_shard_takes_its_part_through_a_segment_and_applies_what_grpc_bytes_apply(make, wire):
+    """Fails where followers take parts only as gRPC bytes: no segment, nothing counted as shared (on a
+    narrow wire: segments whose areas hold the wire's type, the initial values still float32 bytes)."""
+    grpc_bytes = make(3, protocol={"name": "asp"}, wire=wire)
+    shared = attached(make(3, protocol={"name": "asp"}, wire=wire))
     asp_rounds(grpc_bytes, 6)
     asp_rounds(shared, 6)
     assert np.array_equal(shared.values(), grpc_bytes.values()), "bit-identical parameters"
     out = np.empty(SIZE, np.float32)
     reply = shared.clients[0].push(pb.PushHeader(worker=0, base_version=12, samples=4, layout_digest=LAYOUT.digest,
                                                  session=7, stats=pb.StepStats(step=6)), grads(0, 6), out)
-    assert reply.fresh and np.array_equal(out, shared.values()), "the reply's parts, joined from every segment"
+    values = np.empty(SIZE, np.float32)
+    wd.widen(wd.narrowed(shared.values(), wire), values)  # the master's values as the wire carries them
+    assert reply.fresh and np.array_equal(out, values), "the reply's parts, joined from every segment"
     for f, g in zip(shared.followers, grpc_bytes.followers):
         r, nbytes = f.summary(), f.store.values.nbytes
-        assert r["bytes_in_shared"] == 13 * nbytes and r["bytes_in"] == (1 + 13) * nbytes, "init as bytes"
-        assert r["bytes_out_shared"] == 13 * nbytes and r["rejections"] == {}
+        part = wd.wire_nbytes(f.store.values.size, wire)
+        assert r["bytes_in_shared"] == 13 * part and r["bytes_in"] == nbytes + 13 * part, "init as float32 bytes"
+        assert r["bytes_out_shared"] == 13 * part and r["rejections"] == {}
         assert g.summary()["bytes_in_shared"] == g.summary()["bytes_out_shared"] == 0
 
 

@@ -50,6 +50,7 @@ from switchps.protos.codec import PayloadWriter, aencode, encode, grpc_options
 from switchps.protos.requests import decode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
 from switchps.protos.partition import of_layout, part_layout
+from switchps.protos.wire_dtype import wire_nbytes
 from switchps.ps_server.rpc.attachments import Attachments, write_values
 from switchps.ps_server.rpc.guard import Guard, as_worker
 from switchps.ps_server.core.actions import Apply, Count, Free, Join, Record, Release, SetOptimizer, execute
@@ -386,7 +387,7 @@ class Follower:
             req = parse(body, pb.AttachRequest)
             self._as_worker(ctx, req.worker, "Attach")
             await self._until_set_up()
-            return self.segments.attach(req, True, layout_size(self._part_layout()) * 4)
+            return self.segments.attach(req, True, wire_nbytes(layout_size(self._part_layout()), self.store.wire))
         except Rejected as r:
             self.count_rejection("attach", r)
             await ctx.abort(getattr(grpc.StatusCode, r.code), str(r))
