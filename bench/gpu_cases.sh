@@ -9,7 +9,7 @@
 # The baseline's runs set eval.final_timeout_s (its evaluator slept through a long eval.every_s, and its PS
 # waited a minute for the final score after training: not part of what is measured).
 set -u
-before=$(cd "$1" && pwd) out=$2 steps=${3:-80}
+before=$(cd "$1" && pwd) out=$2 steps=${3:-100}
 root=$(pwd) site=${SITE:-}
 mkdir -p "$out"
 path() { echo "${site:+$site:}$1"; }
@@ -25,12 +25,12 @@ then_() { (cd "$before" && PYTHONPATH=$(path "$before") python3 "$root/bench/gpu
     --steps "$steps" --set eval.final_timeout_s=2 "$@"); }
 fast=(--set runtime.pipeline_depth=1 --set runtime.wire_dtype=bfloat16)
 
-part gpu_test 120 env PYTHONPATH="$(path "$root")" python3 -m pytest -q -p no:cacheprovider \
+part gpu_test 90 env PYTHONPATH="$(path "$root")" python3 -m pytest -q -p no:cacheprovider \
     tests/test_torch_copies.py -k gpu
-part before 150 then_ --workers 1 4
-part after 200 now --workers 1 4 --shards 1 4 "${fast[@]}"
-part after_f32 150 now --workers 1 4 --set runtime.pipeline_depth=1
-part before_shards 90 then_ --shards 4
-part after_depth0 90 now
-part after_grpc 90 now "${fast[@]}" --set runtime.shared_memory=false
-part apply 120 env PYTHONPATH="$(path "$root")" python3 "$root/bench/apply.py" --threads 1 2 4 8 --blocks 2 --reps 3
+part before 120 then_ --workers 1 4
+part after 170 now --workers 1 4 --shards 1 4 "${fast[@]}"
+part after_f32 80 now --workers 1 4 --set runtime.pipeline_depth=1
+part before_shards 60 then_ --shards 4
+part after_grpc 60 now "${fast[@]}" --set runtime.shared_memory=false
+part after_depth0 60 now
+part apply 60 env PYTHONPATH="$(path "$root")" python3 "$root/bench/apply.py" --threads 1 2 4 8 --blocks 2 --reps 3
