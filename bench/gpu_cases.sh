@@ -16,17 +16,22 @@ path() { echo "${site:+$site:}$1"; }
 part() {  # part NAME TIMEOUT CMD...: CMD's stdout into OUT/NAME.json, its stderr's tail into OUT/NAME.err
     local name=$1 limit=$2; shift 2
     local t0=$SECONDS
-    timeout "$limit" "$@" >"$out/$name.json" 2>"$out/$name.err.full"
+    timeout "$limit" bash -c '"$@"' _ "$@" >"$out/$name.json" 2>"$out/$name.err.full"
     echo "$name: rc $? in $((SECONDS - t0)) s"
     tail -c 4000 "$out/$name.err.full" >"$out/$name.err"; rm -f "$out/$name.err.full"
 }
 now() { PYTHONPATH=$(path "$root") python3 "$root/bench/gpu_util.py" --device cuda --steps "$steps" "$@"; }
 then_() { (cd "$before" && PYTHONPATH=$(path "$before") python3 "$root/bench/gpu_util.py" --device cuda \
     --steps "$steps" --set eval.final_timeout_s=2 "$@"); }
+export -f path now then_
+export root before steps site
 fast=(--set runtime.pipeline_depth=1 --set runtime.wire_dtype=bfloat16)
 
 part gpu_test 90 env PYTHONPATH="$(path "$root")" python3 -m pytest -q -p no:cacheprovider \
     tests/test_torch_copies.py -k gpu
+part gpu_test_no_tf32 60 env PYTHONPATH="$(path "$root")" python3 -c "import torch, pytest
+torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+raise SystemExit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_torch_copies.py', '-k', 'gpu']))"
 part before 120 then_ --workers 1 4
 part after 170 now --workers 1 4 --shards 1 4 "${fast[@]}"
 part after_f32 80 now --workers 1 4 --set runtime.pipeline_depth=1
