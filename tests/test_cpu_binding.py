@@ -81,6 +81,15 @@ def test_switchps_run_binds_as_the_config_says():
     assert {b.nice for b in bindings.values()} == {2}
 
 
+def test_a_worker_that_overlaps_its_push_gets_a_core_more_for_it():
+    """With runtime.pipeline_depth 1 a worker pushes on a thread of its own while it computes: pinned to its
+    framework's one core, the two took turns."""
+    cfg = load_config(str(CONFIGS / "quickstart.yaml"), ["runtime.pipeline_depth=1", "cluster.workers=1"])
+    cores = sorted(os.sched_getaffinity(0))
+    worker = local_backend(cfg).bindings["worker-0"]
+    assert worker.cores == (tuple(cores[:2]) if len(cores) >= 2 else ())
+
+
 def test_a_role_command_takes_its_binding_first_thing(tmp_path):
     core = min(os.sched_getaffinity(0))
     env = {**os.environ, ENV: CpuBinding((core,), 3).to_env()}

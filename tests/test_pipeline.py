@@ -210,12 +210,13 @@ def _members(update: dict[str, str]) -> int:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("depth, shared_memory", [(0, True), (1, True), (1, False)])
+@pytest.mark.parametrize("depth, shared_memory, wire", [(0, True, "float32"), (1, True, "float32"),
+                                                      (1, False, "float32"), (1, True, "bfloat16")])
 def test_asp_with_pipeline_depth_1_pushes_gradients_of_the_values_before_the_last_reply(tmp_path, depth,
-                                                                                        shared_memory):
+                                                                                        shared_memory, wire):
     steps = 20
-    summary, ps, workers = _run(tmp_path, {"name": "asp"}, {"pipeline_depth": depth, "shared_memory": shared_memory},
-                                steps=steps)
+    summary, ps, workers = _run(tmp_path, {"name": "asp"}, {"pipeline_depth": depth, "shared_memory": shared_memory,
+                                                            "wire_dtype": wire}, steps=steps)
     staleness = [int(r["staleness_max"]) for r in ps]
     bases = [int(r["base_version"]) for r in workers]
     assert summary["pipeline_depth"] == depth and summary["pushes_accepted"] == summary["updates"] == steps

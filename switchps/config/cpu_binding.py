@@ -4,7 +4,8 @@ On one host, the PS's event loop is on every push's path, and the workers compet
 cores. Measured at 784k parameters, 2 workers on 2 cores: about a fifth of the CPU time sat idle while
 runnable threads queued for a core (``/proc/*/schedstat``); the kernel moves workers between cores, and
 can run a worker the PS has just answered ahead of the PS's own unfinished work. So the launcher gives
-each worker its own block of ``intra_op_threads`` cores when all the blocks fit on the cores it may use
+each worker its own block of ``intra_op_threads`` cores (one more with ``runtime.pipeline_depth`` 1, for
+the thread that pushes while the worker computes) when all the blocks fit on the cores it may use
 (no worker then shares a core with another, and its data stays in that core's caches), and makes the
 workers and the evaluator ``worker_nice`` nicer than the PS, so that the PS runs first when both are
 ready. The PS itself floats at the default priority. Workers that do not fit one per block float too:

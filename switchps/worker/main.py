@@ -125,9 +125,10 @@ class Worker:
                 return
 
     def _payload_buffer(self) -> np.ndarray:
-        """A private payload buffer: the computer's kind (aligned; page-locked on a GPU), or of a narrow wire's
-        type, so the computer narrows the payload itself (a GPU on the device, half the bytes crossing)."""
-        return self.gc.buffer() if self.wire == "float32" else wire_dtype.empty(self.gc.size, self.wire)
+        """A private payload buffer of the computer's kind (aligned; page-locked on a GPU), of the wire's type
+        (the computer narrows the payload itself: a GPU on the device, half the bytes crossing)."""
+        wide = self.gc.buffer()  # a narrow buffer in its memory: page-locked once, not at every step's copy
+        return wide if self.wire == "float32" else wide.view(wire_dtype.STORAGE[self.wire])[: self.gc.size]
 
     def _compute(self, order: pb.WorkOrder, step: int, received_at: float) -> tuple[Step, StepDelays]:
         """Step number ``step`` under ``order``, received (or, overlapping, started) at ``received_at``."""
