@@ -21,6 +21,7 @@ would, gRPC bytes only (no shared memory, so no Unix socket either) and no CPU b
     python bench/steps.py --network      # one run as from other hosts: gRPC bytes, no CPU binding
     python bench/steps.py --framework-ab 4 --dims 784 78400   # 4 pairs each: torch workers vs TF workers
     python bench/steps.py --pipeline-ab 3 --dim 78400   # 3 pairs: runtime.pipeline_depth 1 vs 0
+    [--pipeline-depth 1] [--wire-dtype bfloat16]        # with any of the above: runtime.pipeline_depth, wire_dtype
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def run_config(args: argparse.Namespace, insecure: bool = False, shared_memory: 
                framework: str | None = None, pipeline_depth: int = 0) -> RunConfig:
     """The launcher's config for one run: switchps as shipped, but for ``insecure`` and ``shared_memory``
     False (pushes as gRPC bytes); ``args.network``: as from other hosts, gRPC bytes and ``NO_BINDING``; the
-    workers' ``framework`` (default ``args.framework``) and ``runtime.pipeline_depth``."""
-    runtime: dict[str, Any] = {"shared_memory": shared_memory and not args.network, "pipeline_depth": pipeline_depth}
+    workers' ``framework`` (default ``args.framework``), ``runtime.pipeline_depth`` and ``runtime.wire_dtype``."""
+    runtime: dict[str, Any] = {"shared_memory": shared_memory and not args.network, "pipeline_depth": pipeline_depth,
+                               "wire_dtype": args.wire_dtype}
     if args.network:
         runtime["cpu"] = NO_BINDING
     return parse_config({
@@ -116,7 +118,7 @@ def run_once(args: argparse.Namespace, insecure: bool = False, shared_memory: bo
         "benchmark": "asp_steps", "model": model_name(args.dim), "framework": cfg.model.framework,
         "workers": args.workers,
         "batch": args.batch, "authenticated": not insecure, "shared_memory": cfg.runtime.shared_memory,
-        "pipeline_depth": cfg.runtime.pipeline_depth,
+        "pipeline_depth": cfg.runtime.pipeline_depth, "wire_dtype": cfg.runtime.wire_dtype,
         "cpu_binding": cfg.runtime.cpu.model_dump(), "wall_time_s": summary["wall_time_s"],
         "updates": summary["updates"], "steps_per_s": round(steps_per_s, 1),
         "worker_compute_ms": round(1e3 * mean("compute_s"), 3), "worker_round_trip_ms": round(1e3 * mean("send_s"), 3),
@@ -260,6 +262,8 @@ def main() -> None:
                                                                        "--pairs times (bench/shards.py)")
     ap.add_argument("--pairs", type=int, default=2, help="with --shards: rounds of every shard count")
     ap.add_argument("--pipeline-depth", type=int, choices=(0, 1), default=0, help="runtime.pipeline_depth")
+    ap.add_argument("--wire-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="runtime.wire_dtype")
     ap.add_argument("--pipeline-ab", type=int, metavar="PAIRS",
                     help="compare runtime.pipeline_depth 1 (a push in flight while the next step computes) with 0")
     ap.add_argument("--shard-max-mb", type=float, default=1.0, help="with --shards: runtime.shard_max_mb")
