@@ -7,11 +7,14 @@ whichever thread computes it and in whatever order: the blocks are the single-th
 on the very same slices, and its results are bit-identical. NumPy's ufuncs release the GIL on arrays
 this size, so the threads run at once.
 
-Concurrency: ``Lanes.run`` runs on its caller's thread, which is lane 0, while lanes 1 .. threads - 1 run
-on a pool made once; the threads claim blocks in order from a shared counter, so the finished prefix
-grows from the start (a reply streams the model in order). One ``run`` at a time (the store's one
-writer, see ``store``); its ``work`` for a block runs on whichever lane claimed it, so whatever it touches
-outside its block must be safe to touch from several threads at once.
+Concurrency: ``Lanes.run`` runs on its caller's thread, which only waits for the blocks and yields the
+finished prefix, while the ``threads`` lanes run on a pool made once; the lanes claim blocks in order
+from a shared counter, so the finished prefix grows from the start (a reply streams the model in order).
+The caller runs no block itself: its ``work`` is never called back on the caller's thread, whose stack
+holds the caller's file (the data path enters no file twice: ``tests/test_data_path.py``); with one
+thread there is no pool and the caller loops over its blocks itself (``Lanes.parallel`` is False). One
+``run`` at a time (the store's one writer, see ``store``); its ``work`` for a block runs on whichever lane
+claimed it, so whatever it touches outside its block must be safe to touch from several threads at once.
 """
 
 from __future__ import annotations
@@ -30,33 +33,29 @@ Work = Callable[[int, slice], None]
 
 
 class Lanes:
-    """``threads`` threads (the caller's and ``threads - 1`` pooled) over a vector's blocks."""
+    """``threads`` pooled threads over a vector's blocks (none for one thread: the caller's loop)."""
 
     def __init__(self, threads: int = 1) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = threads
-        self._pool = ThreadPoolExecutor(threads - 1, "switchps-lane") if threads > 1 else None
+        self._pool = ThreadPoolExecutor(threads, "switchps-lane") if threads > 1 else None
+
+    @property
+    def parallel(self) -> bool:
+        """Whether blocks run on the pool (else the caller loops over them itself, with no ``run``)."""
+        return self._pool is not None
 
     def run(self, size: int, block: int, work: Work) -> Iterator[int]:
-        """``work`` every block of ``[0, size)``, yielding increasing ends such that every block below
-        the end is done (a caller may publish them meanwhile). One thread: the blocks in order, each
-        end yielded as it finishes. A caller that stops iterating early still waits for the blocks the
-        other lanes have started."""
-        if self._pool is None or size <= block:
-            for start in range(0, size, block):
-                work(0, slice(start, min(start + block, size)))
-                yield min(start + block, size)
-            return
+        """``work`` every block of ``[0, size)`` on the pool's lanes, yielding increasing ends such that every
+        block below the end is done (a caller may publish them meanwhile). A caller that stops iterating
+        early still waits for the blocks the lanes have started."""
+        if self._pool is None:
+            raise RuntimeError("one thread: the caller loops over its blocks itself (Lanes.parallel)")
         r = _Round(size, block)
-        futures = [self._pool.submit(r.drain, work, lane) for lane in range(1, self.threads)]
+        futures = [self._pool.submit(r.drain, work, lane) for lane in range(self.threads)]
         try:
             yielded = 0
-            while (i := r.claim()) is not None:
-                work(0, r.block(i))
-                if (end := r.finish(i)) > yielded:
-                    yielded = end
-                    yield end
             while yielded < size:
                 yielded = r.wait_beyond(yielded)
                 yield yielded
@@ -64,18 +63,13 @@ class Lanes:
             r.stop()
             wait(futures)
 
-    def each(self, size: int, block: int, work: Work) -> None:
-        """``work`` over ``[0, size)``: in blocks on every lane, or in one call with one thread."""
-        for _ in self.run(size, block if self._pool is not None else max(size, 1), work):
-            pass
-
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
 
 SERIAL = Lanes(1)
-"""One thread, the caller's: today's single-threaded loop."""
+"""One thread, the caller's: the single-threaded loop."""
 
 
 class _Round:

@@ -166,7 +166,8 @@ class Optimizer:
         into the step size, ``folds_scale``), so a summed gradient becomes a mean without a
         separate pass over memory. ``lanes``: the threads the blocks run on (``Lanes.run``; the same
         results on any number); ``done(start, stop)`` runs on the thread that finished a block, right
-        after it, e.g. to copy it out while it is in that core's cache.
+        after it, e.g. to copy it out while it is in that core's cache (a caller whose lanes are not
+        ``parallel`` publishes from the yielded ends instead, with no ``done``).
         """
         if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
             raise ValueError(
@@ -191,7 +192,12 @@ class Optimizer:
                          block)
             if done is not None:
                 done(block.start, block.stop)
-        yield from lanes.run(self.size, self._block, work)
+        if lanes.parallel:
+            yield from lanes.run(self.size, self._block, work)
+        else:  # the caller's thread, block by block
+            for start in range(0, self.size, self._block):
+                work(0, slice(start, min(start + self._block, self.size)))
+                yield min(start + self._block, self.size)
         self.iterations += 1
 
     def reset_state(self) -> None:

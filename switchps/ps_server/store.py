@@ -22,9 +22,9 @@ the latest snapshot and a deferred snapshot's values; each ``Snapshot``'s ``_loc
 ``_lock``; ``_idle`` is never held with another.
 
 With ``threads`` > 1 (``runtime.ps_threads``), an item on the applier spreads its blocks over the store's
-``lanes`` (the applier and a pool made once): an update's blocks, each chunk of the new version copied by
-the thread whose block completes it (``Snapshot.ready``), and a join's additions. The item still runs
-alone under ``_writing`` and returns once every block is done. A model of at most ``inline_bytes``
+``lanes`` (a pool made once, the applier waiting meanwhile): an update's blocks, each chunk of the new
+version copied by the thread whose block completes it (``Snapshot.ready``), and a join's additions. The
+item still runs alone under ``_writing`` and returns once every block is done. A model of at most ``inline_bytes``
 keeps one thread. The gradient's finiteness check stays where it is, in the receiving pass on the event
 loop (``codec.PayloadWriter``): a non-finite push must be refused before it joins a sum, long before the
 apply's pass.
@@ -232,11 +232,14 @@ class ModelStore:
         per_chunk = snap.chunk_values
         last = values.size - (values.size % per_chunk or per_chunk)  # the last chunk waits for the record
 
-        def publish(start: int, stop: int) -> None:  # on the thread that updated the block
+        def publish(start: int, stop: int) -> None:  # on the lane that updated the block
             snap.ready(values, start, min(stop, last))
-        for _ in apply_update(self.optimizer, values, self.trainable, grad, u.samples, u.contributors,
-                              u.lr_factor, self._lanes(), None if inline else publish):
-            pass
+        lanes = self._lanes()
+        threaded = lanes.parallel and not inline
+        for end in apply_update(self.optimizer, values, self.trainable, grad, u.samples, u.contributors,
+                                u.lr_factor, lanes, publish if threaded else None):
+            if not (inline or threaded):  # one thread: this one, publishing as the blocks finish
+                snap.publish_until(values, min(end, last))
         self.buffers.put(grad)
         self.apply_s, self.applied = self.apply_s + time.perf_counter() - t0, self.applied + 1
         if u.on_applied:

@@ -29,7 +29,11 @@ class Sums:
         if total is None:
             self.open[aggregate_id] = grad
             return None
-        lanes.each(total.size, BLOCK, lambda _, b: np.add(total[b], grad[b], out=total[b]))
+        if lanes.parallel:
+            for _ in lanes.run(total.size, BLOCK, lambda _, b: np.add(total[b], grad[b], out=total[b])):
+                pass
+        else:
+            np.add(total, grad, out=total)
         return grad
 
     def take(self, aggregate_id: int) -> np.ndarray:
