@@ -25,8 +25,8 @@ from threadpoolctl import threadpool_limits
 
 from switchps.jsonfile import dumps
 from switchps.protos.codec import DEFAULT_CHUNK_BYTES
-from switchps.ps_server.lanes import Lanes
-from switchps.ps_server.optimizers import apply_update, make_optimizer
+from switchps.optim.lanes import Lanes
+from switchps.optim.optimizers import apply_update, make_optimizer
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.sums import Sums
 from switchps.studies.stats import estimate, ratio_estimate

@@ -170,8 +170,8 @@ def _cpu_ms(call: Callable[[], object], server: subprocess.Popen, reps: int) -> 
 def apply_cpu_ms(size: int, reps: int) -> float:
     """CPU ms of the PS's SGD update of ``size`` parameters."""
     from switchps.config.run import parse_config
-    from switchps.ps_server.optimizers import apply_update
-    from switchps.ps_server.optimizers import optimizer_factory
+    from switchps.optim.optimizers import apply_update
+    from switchps.optim.optimizers import optimizer_factory
 
     spec = parse_config({"cluster": {"workers": 1}, "optimizer": {"name": "sgd", "learning_rate": 0.05}}).optimizer
     optimizer = optimizer_factory(spec)(size)

@@ -99,7 +99,7 @@ def follow(conn: Connection, leader: str, part_mb: float, receive_timeout_s: flo
     from switchps.protos.heap import one_arena
     from switchps.ps_server.shard.follower import Follower
     from switchps.ps_server.store import ModelStore
-    from switchps.ps_server.optimizers import optimizer_factory
+    from switchps.optim.optimizers import optimizer_factory
     from switchps.ps_server.rpc.server import Server
 
     one_arena()

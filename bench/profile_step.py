@@ -80,7 +80,7 @@ PS_RULES: list[Rule] = [
     ("reply encode", "ps_server/rpc/attachments.py", ("write_values", "_copy")),
     ("reply encode", "protos/codec.py", ("aencode", "encode", "_frame0", "whole_frame", "joined")),
     ("reply encode", "ps_server/rpc/service.py", ("ParameterServer._send", "_order")),
-    ("apply", "ps_server/optimizers.py", ()),
+    ("apply", "optim/optimizers.py", ()),
     ("apply", "ps_server/store.py", ("ModelStore._apply", "ModelStore._join", "ModelStore.submit",
                                      "ModelStore.join", "ModelStore._enqueue", "ModelStore.recycle")),
     ("apply", "ps_server/sums.py", ()),

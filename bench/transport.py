@@ -249,7 +249,7 @@ def passes(nbytes: int, chunk_bytes: int, reps: int) -> dict[str, float]:
     from switchps.config.run import parse_config
     from switchps.protos.codec import all_finite, array_chunks, receive_into, whole_frame
     from switchps.ps_server.snapshot import Snapshot
-    from switchps.ps_server.optimizers import apply_update, optimizer_factory
+    from switchps.optim.optimizers import apply_update, optimizer_factory
 
     tune_allocator()  # as the client and the PS run
     size = nbytes // 4

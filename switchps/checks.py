@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from switchps.policies.registry import make_policy, policy_class
 from switchps.problems import Problem, did_you_mean, kwargs_problems, under
-from switchps.ps_server.optimizers import OPTIMIZERS, make_optimizer
-from switchps.ps_server.schedules import make_schedule
+from switchps.optim.optimizers import OPTIMIZERS, make_optimizer
+from switchps.optim.schedules import make_schedule
 from switchps.config.schema import Role
 from switchps.workload.data import DataNotFoundError, configured_dataset, locate_files
 from switchps.workload.tensorflow.models import check_model

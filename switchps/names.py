@@ -2,7 +2,7 @@
 
 Config checks a name against these tuples without importing the code that builds the thing, so
 validating a config loads no role. Each implementation keeps its own registry (``ps_server.protocols
-.PROTOCOLS``, ``ps_server.optimizers.OPTIMIZERS``, ``ps_server.schedules.SCHEDULES``); ``tests/
+.PROTOCOLS``, ``optim.optimizers.OPTIMIZERS``, ``optim.schedules.SCHEDULES``); ``tests/
 test_layers.py`` checks that every registry's keys are these names, in this order, so they cannot drift.
 """
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from switchps import names
-from switchps.ps_server.optimizers import OPTIMIZERS
+from switchps.optim.optimizers import OPTIMIZERS
 from switchps.ps_server.core.protocols import PROTOCOLS
-from switchps.ps_server.schedules import SCHEDULES
+from switchps.optim.schedules import SCHEDULES
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ARCHITECTURE.md"

@@ -15,9 +15,9 @@ from switchps.protos.codec import COPIES
 from switchps.protos.layout import make_layout
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
-from switchps.ps_server import optimizers
-from switchps.ps_server.optimizers import make_optimizer
-from switchps.ps_server.schedules import make_schedule
+from switchps.optim import optimizers
+from switchps.optim.optimizers import make_optimizer
+from switchps.optim.schedules import make_schedule
 
 CHUNK = 4096  # bytes = 1024 floats
 

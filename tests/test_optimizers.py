@@ -1,4 +1,4 @@
-"""Tests for switchps.ps_server.optimizers against Keras 3.
+"""Tests for switchps.optim.optimizers against Keras 3.
 
 Measured ``apply`` time for a 25M-float32 vector (2-core AMD EPYC, 1 thread,
 BLOCK=131072, best of 5, three runs):
@@ -24,8 +24,8 @@ import tensorflow as tf  # noqa: E402
 
 from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
-from switchps.ps_server import optimizers as O  # noqa: E402
-from switchps.ps_server.schedules import make_schedule, rate  # noqa: E402
+from switchps.optim import optimizers as O  # noqa: E402
+from switchps.optim.schedules import make_schedule, rate  # noqa: E402
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 

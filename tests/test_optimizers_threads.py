@@ -15,9 +15,9 @@ import pytest
 from conftest import wait_until
 
 from switchps.config.run import RuntimeSpec
-from switchps.ps_server import optimizers as O
-from switchps.ps_server.lanes import Lanes, _Round, auto_threads, ps_threads
-from switchps.ps_server.schedules import make_schedule
+from switchps.optim import optimizers as O
+from switchps.optim.lanes import Lanes, _Round, auto_threads, ps_threads
+from switchps.optim.schedules import make_schedule
 from switchps.ps_server.sums import Sums
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback

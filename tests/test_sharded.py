@@ -25,7 +25,7 @@ from switchps.ps_server.shard.follower import Follower
 from switchps.ps_server.rpc.attachments import Attachments
 from switchps.ps_server.rpc.main import build_ps, prepare_run_dir
 from switchps.ps_server.store import ModelStore
-from switchps.ps_server.optimizers import optimizer_factory
+from switchps.optim.optimizers import optimizer_factory
 from switchps.ps_server.rpc.server import Server
 from switchps.ps_server.rpc.service import ParameterServer
 from switchps.worker.client import PSClient

@@ -36,7 +36,7 @@ import numpy as np
 from switchps.config.run import CheckpointSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
-from switchps.ps_server.optimizers import Optimizer
+from switchps.optim.optimizers import Optimizer
 from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")

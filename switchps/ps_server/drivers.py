@@ -14,7 +14,7 @@ from switchps.ps_server.checkpoint import Checkpoint
 from switchps.ps_server.core.machine import Core
 from switchps.policies.registry import make_policy
 from switchps.ps_server.link import DuplexLink
-from switchps.ps_server.optimizers import configured_momentum
+from switchps.optim.optimizers import configured_momentum
 from switchps.ps_server.core.overhead import switch_overheads
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.resume_rules import refuse_incompatible

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from switchps.problems import ConfigError
-from switchps.ps_server.optimizers import OPTIMIZERS
+from switchps.optim.optimizers import OPTIMIZERS
 from switchps.yamlfile import read_yaml
 
 if TYPE_CHECKING:

@@ -48,8 +48,8 @@ from switchps.protos.codec import DEFAULT_CHUNK_BYTES, WHOLE_BYTES
 from switchps.protos.layout import trainable_size
 from switchps.protos.wire_dtype import wire_nbytes
 from switchps.refusals import invalid, precondition
-from switchps.ps_server.lanes import SERIAL, Lanes
-from switchps.ps_server.optimizers import Optimizer, apply_update
+from switchps.optim.lanes import SERIAL, Lanes
+from switchps.optim.optimizers import Optimizer, apply_update
 from switchps.ps_server.receiving import BufferPool, Slots
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.sums import Sums

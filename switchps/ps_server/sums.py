@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from switchps.ps_server.lanes import SERIAL, Lanes
-from switchps.ps_server.optimizers import BLOCK
+from switchps.optim.lanes import SERIAL, Lanes
+from switchps.optim.optimizers import BLOCK
 
 
 class Sums:

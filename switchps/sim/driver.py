@@ -24,7 +24,7 @@ from switchps.ps_server.core.actions import (Action, Apply, Count, Free, Join, R
                                              execute)
 from switchps.ps_server.core.events import Push, StepReport, WorkOrder
 from switchps.ps_server.link import DuplexLink
-from switchps.ps_server.optimizers import Optimizer, adjust_optimizer, apply_update
+from switchps.optim.optimizers import Optimizer, adjust_optimizer, apply_update
 from switchps.ps_server.records import RunRecorder
 from switchps.sim.learner import Learner, Score
 from switchps.sim.loop import Event, Loop

@@ -26,7 +26,7 @@ from switchps.config.run import RunConfig
 from switchps.errors import RunDirError
 from switchps.problems import ConfigError
 from switchps.ps_server.link import DuplexLink
-from switchps.ps_server.optimizers import optimizer_factory
+from switchps.optim.optimizers import optimizer_factory
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.drivers import RECORD_FILES, build_core, elapsed, prepare_run_dir, run_summary
 from switchps.sim.driver import Drive, Simulator

@@ -17,7 +17,7 @@ from prometheus_client import Gauge
 from switchps.ps_server.core.actions import Apply, Count, Free, Join, Record, Release, SetOptimizer
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
-from switchps.ps_server.optimizers import adjust_optimizer
+from switchps.optim.optimizers import adjust_optimizer
 from switchps.ps_server.records import RunRecorder
 
 VERSION = Gauge("switchps_model_version", "Current model version")

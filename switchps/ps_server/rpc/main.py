@@ -17,10 +17,10 @@ from switchps.resources import ResourceSampler
 from switchps.protos.heap import one_arena
 from switchps.ps_server.checkpoint import Checkpoint
 from switchps.ps_server.checkpointer import MANIFEST_WAIT_S, Checkpointer, Parts, record_position, restore
-from switchps.ps_server.lanes import ps_threads
+from switchps.optim.lanes import ps_threads
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.store import ModelStore
-from switchps.ps_server.optimizers import optimizer_factory
+from switchps.optim.optimizers import optimizer_factory
 from switchps.ps_server.records import PS_COLUMNS, RunRecorder
 from switchps.ps_server.drivers import build_core, prepare_run_dir, run_summary
 from switchps.ps_server.rpc.server import Servable, Server

@@ -56,7 +56,7 @@ from switchps.ps_server.rpc.guard import Guard, as_worker
 from switchps.ps_server.core.actions import Apply, Count, Free, Join, Record, Release, SetOptimizer, execute
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
-from switchps.ps_server.optimizers import adjust_optimizer
+from switchps.optim.optimizers import adjust_optimizer
 from switchps.ps_server.rejections import RejectionCounter, refuse, rpc_name
 from switchps.ps_server.rpc.service import SERVICE
 from switchps.ps_server.shard.action_wire import CARRIED, from_wire

@@ -14,9 +14,9 @@ from switchps.jsonfile import write_json
 from switchps.protos.heap import one_arena
 from switchps.ps_server.shard.follower import Follower
 from switchps.ps_server.rpc.main import bind_server
-from switchps.ps_server.lanes import ps_threads
+from switchps.optim.lanes import ps_threads
 from switchps.ps_server.store import ModelStore
-from switchps.ps_server.optimizers import optimizer_factory
+from switchps.optim.optimizers import optimizer_factory
 from switchps.ps_server.shard.checkpoint import part_dir
 from switchps.ps_server.tensorboard import EventFile, shard_scalars
 from switchps.resources import ResourceSampler

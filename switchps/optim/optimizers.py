@@ -27,8 +27,8 @@ import numpy as np
 from scipy.linalg import cython_blas
 from scipy.linalg.blas import saxpy
 
-from switchps.ps_server.lanes import SERIAL, Lanes
-from switchps.ps_server.schedules import LRSchedule, make_schedule
+from switchps.optim.lanes import SERIAL, Lanes
+from switchps.optim.schedules import LRSchedule, make_schedule
 
 if TYPE_CHECKING:
     from switchps.config.optimizer import OptimizerSpec
