@@ -6,9 +6,10 @@ validating a config loads no role. Each implementation keeps its own registry (`
 test_layers.py`` checks that every registry's keys are these names, in this order, so they cannot drift.
 """
 
-PROTOCOLS: tuple[str, ...] = ("bsp", "fmb", "amb", "asp", "ssp", "kasync", "timed", "backup")
+PROTOCOLS: tuple[str, ...] = ("bsp", "fmb", "amb", "asp", "ssp", "kasync", "timed", "backup", "local_sgd", "diloco",
+                              "async_local_sgd", "async_diloco")
 """Synchronization protocols; the order is also the protocol's index on TensorBoard."""
-OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "nesterov", "rmsprop", "adam", "adagrad")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "nesterov", "rmsprop", "adam", "adagrad", "adamw")
 SCHEDULES: tuple[str, ...] = ("constant", "step", "exponential", "cosine")
 """Learning-rate schedule kinds."""
 DATASETS: tuple[str, ...] = ("digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "cifar100", "npz")

@@ -60,6 +60,9 @@ CASES = [
     ("adam", {"beta_1": 0.8, "epsilon": 1e-3},
      lambda lr: keras.optimizers.Adam(lr, beta_1=0.8, epsilon=1e-3)),
     ("adagrad", {}, lambda lr: keras.optimizers.Adagrad(lr)),
+    ("adamw", {}, lambda lr: keras.optimizers.AdamW(lr)),
+    ("adamw", {"weight_decay": 0.1, "beta_2": 0.99},
+     lambda lr: keras.optimizers.AdamW(lr, weight_decay=0.1, beta_2=0.99)),
 ]
 
 

@@ -20,20 +20,23 @@ from switchps.ps_server.core.aggregation import Bounded, EveryK, OnArrival, Roun
 from switchps.ps_server.core.actions import Apply
 from switchps.ps_server.core.events import Batches, Budget, WorkOrder
 from switchps.ps_server.core.protocols import PROTOCOLS, make_protocol
-from switchps.ps_server.core.work_rules import Samples, TimeBudget
-from switchps.ps_server.rpc.service import _order
+from switchps.ps_server.core.work_rules import LocalSteps, Samples, TimeBudget
+from switchps.ps_server.work_orders import to_wire as _order
 from test_core_state import SCRIPT, _fresh, _push, _run
 
 PAIRS = {"bsp": (Rounds, Samples), "fmb": (Rounds, Samples), "amb": (Rounds, TimeBudget),
          "backup": (Rounds, Samples), "asp": (OnArrival, Samples), "ssp": (Bounded, Samples),
-         "kasync": (EveryK, Samples), "timed": (Windowed, Samples)}
+         "kasync": (EveryK, Samples), "timed": (Windowed, Samples), "local_sgd": (Rounds, LocalSteps),
+         "diloco": (Rounds, LocalSteps), "async_local_sgd": (OnArrival, LocalSteps),
+         "async_diloco": (OnArrival, LocalSteps)}
 REQUIRED = {"amb": {"time_budget_s": 0.5}, "timed": {"window_s": 1.0}}
 
 
 @pytest.mark.parametrize("name", names.PROTOCOLS)
 def test_each_name_is_its_pair_of_rules(name):
     p = make_protocol(protocol_spec({"name": name, "batch": 8, **REQUIRED.get(name, {})}))
-    assert (type(p.rule), type(p.work)) == PAIRS[name] == (PROTOCOLS[name].rule, PROTOCOLS[name].work)
+    assert (type(p.rule), type(p.work)) == PAIRS[name]
+    assert p.rule.__class__ is PROTOCOLS[name].rule and (p.local or type(p.work) is PROTOCOLS[name].work)
     assert set(PAIRS) == set(names.PROTOCOLS)
 
 

@@ -21,6 +21,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_v
 
 from switchps import names
 from switchps.problems import Problems, did_you_mean
+from switchps.config.optimizer import OptimizerSpec
 from switchps.config.schema import MAX_BATCH, MAX_SIM_WORKERS, MAX_STEPS, Section
 
 
@@ -28,11 +29,38 @@ class Base(Section):
     """What every protocol takes: its name and its sample budget."""
 
     name: str = "bsp"
-    """One of ``switchps.names.PROTOCOLS``: bsp, fmb, amb, asp, ssp, kasync, timed, backup."""
+    """One of ``switchps.names.PROTOCOLS``: bsp, fmb, amb, asp, ssp, kasync, timed, backup, local_sgd, diloco,
+    async_local_sgd, async_diloco."""
     batch: int = Field(32, gt=0, le=MAX_BATCH)
     """Samples per worker step (the sample budget), at most 2**20; FMB is BSP with this fixed batch."""
     micro_batch: int | None = Field(None, gt=0, le=MAX_BATCH)
     """Samples per gradient micro-batch, at most 2**20; defaults to `batch`."""
+    local_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    """H: a worker takes H steps of `batch` samples on its own copy of the model with `inner_optimizer`, then
+    pushes what the copy moved (a pseudo-gradient, which the PS applies with `outer_optimizer`); with AMB's
+    time budget, as many as fit in T, at most H and at least one. None: a gradient every step."""
+    inner_optimizer: OptimizerSpec | None = None
+    """The workers' optimizer for local steps (default: the run's `optimizer` under local SGD; AdamW at
+    lr 0.001 under DiLoCo); its schedule counts a worker's local steps."""
+    inner_state: Literal["keep", "reset"] = "keep"
+    """Whether a worker's inner optimizer state (momentum, Adam's moments) persists across rounds or is reset
+    at each one."""
+    outer_optimizer: OptimizerSpec | None = None
+    """The PS's optimizer for pushed movements (default: SGD at lr 1, plain averaging, under local SGD;
+    Nesterov momentum 0.9 at lr 0.7 under DiLoCo). The run's `optimizer` steps gradients."""
+
+    @property
+    def local(self) -> bool:
+        """Workers take local steps and push what they moved (``local_steps``)."""
+        return self.local_steps is not None
+
+    def inner(self, configured: OptimizerSpec) -> OptimizerSpec:
+        """The inner optimizer in force (``configured``: the run's optimizer)."""
+        return self.inner_optimizer or (DILOCO_INNER if self.name in DILOCO else configured)
+
+    def outer(self) -> OptimizerSpec:
+        """The outer optimizer in force."""
+        return self.outer_optimizer or (DILOCO_OUTER if self.name in DILOCO else AVERAGING)
 
     @model_validator(mode="before")
     @classmethod
@@ -47,8 +75,16 @@ class Base(Section):
         return data
 
 
+DILOCO = ("diloco", "async_diloco")
+"""The names whose inner and outer optimizers default to DiLoCo's (Douillard et al., 2023)."""
+DILOCO_INNER = OptimizerSpec(name="adamw", learning_rate=0.001)
+DILOCO_OUTER = OptimizerSpec(name="nesterov", learning_rate=0.7, params={"momentum": 0.9})
+AVERAGING = OptimizerSpec(name="sgd", learning_rate=1.0)
+"""Local SGD's outer step: the model moves by the workers' mean movement."""
+
+
 class Rounds(Base):
-    """The round fields (bsp, fmb, amb, backup)."""
+    """The round fields (bsp, fmb, amb, backup, local_sgd, diloco)."""
 
     name: Literal["bsp", "fmb"] = "bsp"
     deadline_s: float = Field(30.0, gt=0)
@@ -100,6 +136,20 @@ class Timed(Base):
     """Apply whatever arrived every window_s seconds, at least one push (required)."""
 
 
+class LocalSGD(Rounds):
+    """Synchronous local SGD: rounds of H local steps, the movements averaged (the outer step)."""
+
+    name: Literal["local_sgd", "diloco"] = "local_sgd"  # type: ignore[assignment]
+    local_steps: int | None = Field(8, ge=1, le=MAX_STEPS)
+
+
+class AsyncLocalSGD(ASP):
+    """Asynchronous local SGD: each worker's movement after H local steps is applied on arrival."""
+
+    name: Literal["async_local_sgd", "async_diloco"] = "async_local_sgd"  # type: ignore[assignment]
+    local_steps: int | None = Field(8, ge=1, le=MAX_STEPS)
+
+
 class Unknown(Base):
     """A name that is none of the above: reported on ``name``, with the shared fields still checked."""
 
@@ -113,7 +163,8 @@ class Unknown(Base):
 
 
 MEMBERS: dict[str, type[Base]] = {"bsp": Rounds, "fmb": Rounds, "amb": AMB, "asp": ASP, "ssp": SSP,
-                                  "kasync": KAsync, "timed": Timed, "backup": Backup}
+                                  "kasync": KAsync, "timed": Timed, "backup": Backup, "local_sgd": LocalSGD,
+                                  "diloco": LocalSGD, "async_local_sgd": AsyncLocalSGD, "async_diloco": AsyncLocalSGD}
 """Each name's member, in ``names.PROTOCOLS`` order."""
 TAKEN_BY: dict[str, list[str]] = {}
 """Each field, with the names that take it."""
@@ -141,7 +192,9 @@ def _tag(v: Any) -> str:
 ProtocolSpec = Annotated[
     Union[Annotated[Rounds, Tag("bsp")], Annotated[Rounds, Tag("fmb")], Annotated[AMB, Tag("amb")],
           Annotated[ASP, Tag("asp")], Annotated[SSP, Tag("ssp")], Annotated[KAsync, Tag("kasync")],
-          Annotated[Timed, Tag("timed")], Annotated[Backup, Tag("backup")], Annotated[Unknown, Tag("unknown")]],
+          Annotated[Timed, Tag("timed")], Annotated[Backup, Tag("backup")], Annotated[LocalSGD, Tag("local_sgd")],
+          Annotated[LocalSGD, Tag("diloco")], Annotated[AsyncLocalSGD, Tag("async_local_sgd")],
+          Annotated[AsyncLocalSGD, Tag("async_diloco")], Annotated[Unknown, Tag("unknown")]],
     Discriminator(_tag)]
 """The protocol in force and its parameters; policies change them live."""
 

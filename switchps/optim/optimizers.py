@@ -120,7 +120,7 @@ class Optimizer:
         for key in ("beta_1", "beta_2"):
             if key in self.hyper and not 0.0 <= self.hyper[key] < 1.0:
                 raise ValueError(f"{self.name}: {key} must be in [0, 1), got {self.hyper[key]}")
-        for key in ("epsilon", "initial_accumulator_value"):
+        for key in ("epsilon", "initial_accumulator_value", "weight_decay"):
             if key in self.hyper and not self.hyper[key] >= 0.0:
                 raise ValueError(f"{self.name}: {key} must be >= 0, got {self.hyper[key]}")
 
@@ -354,6 +354,25 @@ class Adam(Optimizer):
         np.subtract(p, tmp, out=p)
 
 
+class AdamW(Adam):
+    """``keras.optimizers.AdamW``: first the decoupled weight decay, ``p -= p*wd*lr``, then Adam's step.
+    Keras's default decay, 0.004 (torch's is 0.01)."""
+
+    name = "adamw"
+    defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.004}
+
+    def _step_size(self, lr: np.float32) -> np.float32:
+        self._decay = lr  # read by every block's ``_update`` after this, never written there
+        return super()._step_size(lr)
+
+    def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, alpha: np.float32,
+                block: slice) -> None:
+        np.multiply(p, _f32(self.hyper["weight_decay"]), out=tmp)
+        np.multiply(tmp, self._decay, out=tmp)
+        np.subtract(p, tmp, out=p)
+        super()._update(p, g, tmp, alpha, block)
+
+
 class Adagrad(Optimizer):
     """``keras.optimizers.Adagrad``: ``acc += g^2``; ``p -= lr*g / sqrt(acc + eps)``;
     ``acc`` starts (and resets) at ``initial_accumulator_value``."""
@@ -377,7 +396,7 @@ class Adagrad(Optimizer):
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {
-    cls.name: cls for cls in (SGD, Momentum, Nesterov, RMSprop, Adam, Adagrad)
+    cls.name: cls for cls in (SGD, Momentum, Nesterov, RMSprop, Adam, Adagrad, AdamW)
 }
 
 

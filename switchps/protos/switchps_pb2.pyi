@@ -27,7 +27,7 @@ class Layout(_message.Message):
     def __init__(self, variables: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., digest: _Optional[str] = ..., state: _Optional[_Iterable[_Union[Variable, _Mapping]]] = ..., wire_dtype: _Optional[str] = ...) -> None: ...
 
 class WorkOrder(_message.Message):
-    __slots__ = ("protocol", "version", "sample_budget", "time_budget_s", "micro_batch", "stop", "pipeline")
+    __slots__ = ("protocol", "version", "sample_budget", "time_budget_s", "micro_batch", "stop", "pipeline", "local")
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_BUDGET_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class WorkOrder(_message.Message):
     MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
     protocol: str
     version: int
     sample_budget: int
@@ -42,7 +43,20 @@ class WorkOrder(_message.Message):
     micro_batch: int
     stop: bool
     pipeline: bool
-    def __init__(self, protocol: _Optional[str] = ..., version: _Optional[int] = ..., sample_budget: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., micro_batch: _Optional[int] = ..., stop: _Optional[bool] = ..., pipeline: _Optional[bool] = ...) -> None: ...
+    local: LocalSteps
+    def __init__(self, protocol: _Optional[str] = ..., version: _Optional[int] = ..., sample_budget: _Optional[int] = ..., time_budget_s: _Optional[float] = ..., micro_batch: _Optional[int] = ..., stop: _Optional[bool] = ..., pipeline: _Optional[bool] = ..., local: _Optional[_Union[LocalSteps, _Mapping]] = ...) -> None: ...
+
+class LocalSteps(_message.Message):
+    __slots__ = ("steps", "batch", "inner_optimizer", "reset_inner_state")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    INNER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    RESET_INNER_STATE_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    batch: int
+    inner_optimizer: str
+    reset_inner_state: bool
+    def __init__(self, steps: _Optional[int] = ..., batch: _Optional[int] = ..., inner_optimizer: _Optional[str] = ..., reset_inner_state: _Optional[bool] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("worker", "layout", "partition_size", "shard_partition", "framework", "device")
@@ -71,7 +85,7 @@ class RegisterReply(_message.Message):
     def __init__(self, send_init: _Optional[bool] = ..., order: _Optional[_Union[WorkOrder, _Mapping]] = ..., num_workers: _Optional[int] = ...) -> None: ...
 
 class StepStats(_message.Message):
-    __slots__ = ("step", "compute_s", "send_s", "wait_s", "sleep_s", "loss_sum", "delay_sleep_s", "delay_factor", "delay_comm_s", "batch_exhausted", "overlapped")
+    __slots__ = ("step", "compute_s", "send_s", "wait_s", "sleep_s", "loss_sum", "delay_sleep_s", "delay_factor", "delay_comm_s", "batch_exhausted", "overlapped", "local_steps", "local_loss_sums")
     STEP_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     SEND_S_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +97,8 @@ class StepStats(_message.Message):
     DELAY_COMM_S_FIELD_NUMBER: _ClassVar[int]
     BATCH_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     OVERLAPPED_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_LOSS_SUMS_FIELD_NUMBER: _ClassVar[int]
     step: int
     compute_s: float
     send_s: float
@@ -94,7 +110,9 @@ class StepStats(_message.Message):
     delay_comm_s: float
     batch_exhausted: bool
     overlapped: bool
-    def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., delay_sleep_s: _Optional[float] = ..., delay_factor: _Optional[float] = ..., delay_comm_s: _Optional[float] = ..., batch_exhausted: _Optional[bool] = ..., overlapped: _Optional[bool] = ...) -> None: ...
+    local_steps: int
+    local_loss_sums: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, step: _Optional[int] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., sleep_s: _Optional[float] = ..., loss_sum: _Optional[float] = ..., delay_sleep_s: _Optional[float] = ..., delay_factor: _Optional[float] = ..., delay_comm_s: _Optional[float] = ..., batch_exhausted: _Optional[bool] = ..., overlapped: _Optional[bool] = ..., local_steps: _Optional[int] = ..., local_loss_sums: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("worker", "base_version", "samples", "layout_digest", "nbytes", "stats", "session", "attempt", "shared")
@@ -325,7 +343,7 @@ class FreePart(_message.Message):
     def __init__(self, key: _Optional[_Union[PartKey, _Mapping]] = ..., push: _Optional[int] = ...) -> None: ...
 
 class PushInfo(_message.Message):
-    __slots__ = ("id", "worker", "base_version", "samples", "loss_sum", "arrived", "staleness", "step", "session", "squares", "lag")
+    __slots__ = ("id", "worker", "base_version", "samples", "loss_sum", "arrived", "staleness", "step", "session", "squares", "lag", "local_steps")
     ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -337,6 +355,7 @@ class PushInfo(_message.Message):
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SQUARES_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     id: int
     worker: int
     base_version: int
@@ -348,10 +367,11 @@ class PushInfo(_message.Message):
     session: int
     squares: float
     lag: int
-    def __init__(self, id: _Optional[int] = ..., worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., loss_sum: _Optional[float] = ..., arrived: _Optional[float] = ..., staleness: _Optional[int] = ..., step: _Optional[int] = ..., session: _Optional[int] = ..., squares: _Optional[float] = ..., lag: _Optional[int] = ...) -> None: ...
+    local_steps: int
+    def __init__(self, id: _Optional[int] = ..., worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., loss_sum: _Optional[float] = ..., arrived: _Optional[float] = ..., staleness: _Optional[int] = ..., step: _Optional[int] = ..., session: _Optional[int] = ..., squares: _Optional[float] = ..., lag: _Optional[int] = ..., local_steps: _Optional[int] = ...) -> None: ...
 
 class ApplyPart(_message.Message):
-    __slots__ = ("aggregate", "samples", "lr_factor", "version", "started", "members", "protocol", "time_budget_s", "wait_s")
+    __slots__ = ("aggregate", "samples", "lr_factor", "version", "started", "members", "protocol", "time_budget_s", "wait_s", "outer_optimizer")
     AGGREGATE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     LR_FACTOR_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +381,7 @@ class ApplyPart(_message.Message):
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     TIME_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     aggregate: int
     samples: int
     lr_factor: float
@@ -370,7 +391,8 @@ class ApplyPart(_message.Message):
     protocol: str
     time_budget_s: float
     wait_s: float
-    def __init__(self, aggregate: _Optional[int] = ..., samples: _Optional[int] = ..., lr_factor: _Optional[float] = ..., version: _Optional[int] = ..., started: _Optional[float] = ..., members: _Optional[_Iterable[_Union[PushInfo, _Mapping]]] = ..., protocol: _Optional[str] = ..., time_budget_s: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    outer_optimizer: str
+    def __init__(self, aggregate: _Optional[int] = ..., samples: _Optional[int] = ..., lr_factor: _Optional[float] = ..., version: _Optional[int] = ..., started: _Optional[float] = ..., members: _Optional[_Iterable[_Union[PushInfo, _Mapping]]] = ..., protocol: _Optional[str] = ..., time_budget_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., outer_optimizer: _Optional[str] = ...) -> None: ...
 
 class PushOutcome(_message.Message):
     __slots__ = ("applied", "staleness", "wait_s", "note")

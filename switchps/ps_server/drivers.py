@@ -29,7 +29,7 @@ def build_core(cfg: RunConfig) -> Core:
     return Core(cfg.protocol, cfg.train, cfg.cluster.num_workers, startup_timeout_s=cfg.cluster.startup_timeout_s,
                 on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),
                 policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window,
-                targets=p.protocols, pipeline=cfg.runtime.pipeline)
+                targets=p.protocols, pipeline=cfg.runtime.pipeline, optimizer=cfg.optimizer)
 
 
 def check_resumable(run_dir: Path) -> Checkpoint | None:

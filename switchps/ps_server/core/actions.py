@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, Union, assert_never
 
+from switchps.config.optimizer import OptimizerSpec
 from switchps.ps_server.core.events import Aggregate, Outcome, WorkOrder
 
 
@@ -36,7 +37,9 @@ class Free:
 
 @dataclass
 class Apply:
-    """Apply aggregate ``aggregate``'s sum as model version ``version`` (consuming the sum)."""
+    """Apply aggregate ``aggregate``'s sum as model version ``version`` (consuming the sum): a gradient with the
+    run's optimizer, or, if ``outer`` names one, pushed movements (``Aggregate.local_steps``) with that
+    outer optimizer, whose state is its own."""
 
     version: int
     aggregate: Aggregate
@@ -44,6 +47,7 @@ class Apply:
     protocol: str
     time_budget_s: float | None
     wait_s: float
+    outer: OptimizerSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ class Order:
     since: float | None
     budget: int  # the newest order's sample budget
     issued_at: float | None  # when the newest order was issued
+    local_steps: int = 0  # at most this many local steps (0: a gradient)
+    local_budget: int = 0  # the newest order's local steps
 
 
 class Orders:
@@ -60,13 +62,15 @@ class Orders:
         if worker < 0:
             return order
         samples, old = order.sample_budget, self.current.get(worker)
+        steps = order.local.steps if order.local else 0
         if old is None:
-            self.current[worker] = Order(samples, now, samples, now)
+            self.current[worker] = Order(samples, now, samples, now, steps, steps)
         elif step:
-            self.current[worker] = Order(max(samples, old.budget), old.issued_at, samples, now)
+            self.current[worker] = Order(max(samples, old.budget), old.issued_at, samples, now,
+                                         max(steps, old.local_budget), steps)
         else:
             self.current[worker] = Order(max(samples, old.samples), old.since, max(samples, old.budget),
-                                         old.issued_at)
+                                         old.issued_at, max(steps, old.local_steps), max(steps, old.local_budget))
         return order
 
     def check(self, worker: int, samples: int, report: StepReport, now: float, span_s: float) -> None:
@@ -81,6 +85,13 @@ class Orders:
         if not 0 < samples <= allowed:
             raise invalid("samples", f"sample count {samples} is not in [1, {allowed}], the budget of this "
                                      "worker's work order")
+        local = order.local_steps if order else 0
+        if not 0 <= report.local_steps <= local:
+            raise invalid("stats", f"local_steps {report.local_steps} is not in [0, {local}], what this "
+                                   "worker's work orders asked")
+        losses = report.local_loss_sums
+        if len(losses) not in (0, report.local_steps) or not all(math.isfinite(x) and x >= 0 for x in losses):
+            raise invalid("stats", "local_loss_sums must hold one finite loss >= 0 per local step, or none")
         busy = report.compute_s + report.sleep_s
         since = order.since if order is not None else None
         if since is not None and busy > RATE * (now - since) + SLACK_S:
@@ -96,17 +107,18 @@ class Orders:
             raise invalid("stats", f"delay_factor {report.delay_factor:.6g} exceeds {MAX_FACTOR:g}")
 
     def state_dict(self, now: float) -> dict[str, Any]:
-        return {str(w): [o.samples, relative(o.since, now), o.budget, relative(o.issued_at, now)]
-                for w, o in self.current.items()}
+        return {str(w): [o.samples, relative(o.since, now), o.budget, relative(o.issued_at, now), o.local_steps,
+                         o.local_budget] for w, o in self.current.items()}
 
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
-        self.current = {int(w): Order(int(s), absolute(since, now), int(b), absolute(at, now))
-                        for w, (s, since, b, at) in d.items()}
+        self.current = {int(w): Order(int(o[0]), absolute(o[1], now), int(o[2]), absolute(o[3], now), *o[4:])
+                        for w, o in d.items()}
 
     def restarted(self) -> None:
         """The orders' times belong to the crashed process's clock (a checkpoint's clock leaves out the
         outage and the work it lost): only the run's span bounds their pushes now."""
-        self.current = {w: Order(o.samples, None, o.budget, None) for w, o in self.current.items()}
+        self.current = {w: Order(o.samples, None, o.budget, None, o.local_steps, o.local_budget)
+                        for w, o in self.current.items()}
 
 
 class Receipts:

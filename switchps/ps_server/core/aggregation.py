@@ -164,10 +164,15 @@ class Rounds(AggregationRule):
         self.joins, self.round = set(d["joins"]), aggregate_from(d["round"], now)
 
 
-def _damped(s: spec.ASP, p: Push) -> Update:
-    """A single push as an update, with lr / (1 + staleness) if ``staleness_lr``."""
-    return Update(join(Aggregate(started=p.arrived), p),
-                  1.0 / (1 + p.staleness) if s.staleness_lr else 1.0)
+def alone(p: Push, lr_factor: float = 1.0) -> Effect:
+    """``p`` as an update of its own, applied at once, its pusher released."""
+    u = Update(join(Aggregate(started=p.arrived), p), lr_factor)
+    return Effect(joined=u.aggregate, apply=[u], release=[p])
+
+
+def _damping(s: spec.ASP, p: Push) -> float:
+    """lr / (1 + staleness) if ``staleness_lr``."""
+    return 1.0 / (1 + p.staleness) if s.staleness_lr else 1.0
 
 
 class OnArrival(AggregationRule):
@@ -175,8 +180,7 @@ class OnArrival(AggregationRule):
     s: spec.ASP
 
     def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        update = _damped(self.s, p)
-        return Effect(joined=update.aggregate, apply=[update], release=[p])
+        return alone(p, _damping(self.s, p))
 
     def effective_batch(self, b: Batches, per: list[float]) -> float:
         return sum(per) / len(per)
@@ -197,8 +201,8 @@ class Bounded(AggregationRule):
     def admit(self, p: Push, m: Membership, now: float) -> Effect:
         self.clocks[p.worker] = self.clocks.get(p.worker, self._slowest(m)) + 1
         effect = self._release(m)
-        effect.apply = [_damped(self.s, p)]
-        effect.joined = effect.apply[0].aggregate
+        mine = alone(p, _damping(self.s, p))
+        effect.apply, effect.joined = mine.apply, mine.joined
         effect.hold = bool(self._laggards(p.worker, m))
         if effect.hold:
             self.held.append(p)

@@ -10,7 +10,10 @@ also: the aggregates, work orders and outcomes the actions carry, and their chec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from switchps.config.optimizer import OptimizerSpec
 
 
 @dataclass(eq=False)  # compared by identity: one push, one reply
@@ -34,6 +37,9 @@ class Push:
     lag: int = 0
     """The staleness its worker's pipeline gives it by design, which a round tolerates (1: computed while the
     worker's previous push was in flight, under ``runtime.pipeline_sync``); set by the core when it arrives."""
+    local_steps: int = 0
+    """0: a gradient summed over ``samples``; else what the worker's model moved in that many local steps,
+    times ``samples`` (a pseudo-gradient, which the outer optimizer applies)."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,11 @@ class StepReport:
     delay_factor: float = 0.0
     delay_comm_s: float = 0.0
     batch_exhausted: bool = False
+    local_steps: int = 0
+    """The local steps behind the push (0: it is a gradient)."""
     overlapped: bool = False
+    local_loss_sums: tuple[float, ...] = ()
+    """Each local step's loss, summed over its samples."""
     """Computed while the worker's previous push was in flight (``runtime.pipeline_depth`` 1)."""
 
 
@@ -65,6 +75,11 @@ class Aggregate:
     id: int = -1
     workers: set[int] = field(default_factory=set, repr=False, compare=False)
     """The members' workers, kept by ``protocols.join`` (a round's checks are O(1) per push)."""
+
+    @property
+    def local_steps(self) -> int:
+        """The local steps behind its pushes (0: gradients; the core never mixes the two in one aggregate)."""
+        return sum(p.local_steps for p in self.members)
 
 
 @dataclass
@@ -84,12 +99,25 @@ class Membership:
 
 
 @dataclass(frozen=True)
+class Local:
+    """Local steps a work order asks for: ``steps`` steps of ``batch`` samples (under a time budget: as many as
+    fit, at most ``steps``, at least one) with the ``inner`` optimizer, its state reset each round if
+    ``reset``; then a push of what the model moved."""
+
+    steps: int
+    batch: int
+    inner: OptimizerSpec
+    reset: bool
+
+
+@dataclass(frozen=True)
 class Budget:
-    """A work order's budget: samples, a time limit (None: none) and the micro-batch."""
+    """A work order's budget: samples, a time limit (None: none) and the micro-batch; local steps, if any."""
 
     samples: int
     time_budget_s: float | None
     micro_batch: int
+    local: Local | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +167,8 @@ class WorkOrder:
     stop: bool
     pipeline: bool = False
     """The worker may compute its next step while this step's push is in flight (``runtime.pipeline_depth``)."""
+    local: Local | None = None
+    """Local steps, then a push of what the model moved (None: a gradient)."""
 
 
 @dataclass(frozen=True)
@@ -167,12 +197,12 @@ def absolute(t: float | None, now: float) -> float | None:
 def push_state(p: Push, now: float) -> dict[str, Any]:
     return {"id": p.id, "worker": p.worker, "base_version": p.base_version, "samples": p.samples,
             "loss_sum": p.loss_sum, "arrived": p.arrived - now, "staleness": p.staleness, "step": p.step,
-            "session": p.session}
+            "session": p.session, "local_steps": p.local_steps}
 
 
 def push_from(d: dict[str, Any], now: float) -> Push:
     return Push(d["id"], d["worker"], d["base_version"], d["samples"], d["loss_sum"], now + d["arrived"],
-                d["staleness"], d["step"], d["session"])
+                d["staleness"], d["step"], d["session"], local_steps=d.get("local_steps", 0))
 
 
 def aggregate_state(a: Aggregate | None, now: float) -> dict[str, Any] | None:

@@ -18,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from switchps.config.optimizer import OptimizerSpec
 from switchps.config.protocol import ProtocolSpec
 from switchps.config.run import Pipeline, SwitchSpec, TrainSpec
 from switchps.policies.base import ClusterView, Decision, Policy
 from switchps.ps_server.core.consulting import Consulting
 from switchps.ps_server.core.admission import Orders, Receipts
+from switchps.ps_server.core.aggregation import alone
 from switchps.ps_server.core.lifecycle import Lifecycle
 from switchps.ps_server.core.outbox import Outbox
 from switchps.ps_server.core.switching import Pending, Switching
@@ -44,10 +46,12 @@ class Core:
     def __init__(self, protocol: ProtocolSpec, train: TrainSpec, num_workers: int, *,
                  startup_timeout_s: float = 120.0, on_switch: SwitchSpec | None = None, momentum: float = 0.0,
                  policy: Policy | None = None, every_k: int = 10, window: int = 5,
-                 targets: Sequence[ProtocolSpec] = (), pipeline: Pipeline = Pipeline()) -> None:
+                 targets: Sequence[ProtocolSpec] = (), pipeline: Pipeline = Pipeline(),
+                 optimizer: OptimizerSpec | None = None) -> None:
         self.pipeline = pipeline
         self.lifecycle = Lifecycle(train, Membership(num_workers), startup_timeout_s)
-        self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members, targets)
+        self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members, targets,
+                                   optimizer)
         self.consulting = Consulting(policy, every_k, window, num_workers)
         self.orders, self.receipts, self.outbox = Orders(), Receipts(), Outbox()
         self.parts: dict[str, Part] = {"lifecycle": self.lifecycle, "switching": self.switching,  # in this order
@@ -88,7 +92,7 @@ class Core:
         """The work order ``worker`` would get now (-1: a reader such as the evaluator, who computes nothing)."""
         b = self.switching.protocol.work.budget(worker, self.consulting.batches)
         return WorkOrder(self.spec.name, self.version, b.samples, b.time_budget_s, b.micro_batch, self.done,
-                         self.pipeline.overlaps(self.switching.protocol.asynchronous))
+                         b.local is None and self.pipeline.overlaps(self.switching.protocol.asynchronous), b.local)
 
     def issue(self, worker: int, now: float, step: bool = False) -> WorkOrder:
         """``work_order``, given to ``worker`` at ``now``: it bounds the worker's next push (``orders``).
@@ -146,13 +150,17 @@ class Core:
         self.consulting.note_step(p, report)
         p.staleness = self.version - p.base_version
         p.lag = int(self.pipeline.sync and report.overlapped)
+        p.local_steps = report.local_steps
         if self.done or p.staleness < 0:  # < 0: computed on a version lost in a crash
             self.outbox.drop(p, "finished" if self.done else "lost_version", self.version)
             return self._flush(now)
         if p.worker not in self.members.active:
             self.outbox.add(self.lifecycle.activate(p.worker, "worker_rejoined", self.version))
             self._run(self.switching.protocol.rule.on_membership(self.members, now), now)
-        effect = self.switching.protocol.rule.admit(p, self.members, now)
+        protocol = self.switching.protocol
+        # a push of the other kind (a gradient under local steps, or the reverse) was computed before a switch:
+        # it is an update of its own, at once, never mixed into an aggregate of the kind in force
+        effect = alone(p) if bool(p.local_steps) != protocol.local else protocol.rule.admit(p, self.members, now)
         self.outbox.admitted(p, effect, self.version)
         self._run(effect, now)
         return self._flush(now)

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from switchps.config.protocol import ProtocolSpec, carried, protocol_spec, saved_spec
+from switchps.config.optimizer import OptimizerSpec
+from switchps.config.protocol import AVERAGING, ProtocolSpec, carried, protocol_spec, saved_spec
 from switchps.config.policy import SwitchSpec
 from switchps.policies.base import Decision
 from switchps.ps_server.core.actions import Action, Apply, Record, SetOptimizer
@@ -40,13 +41,17 @@ class Switching:
     """The protocol in force, a switch that waits for its round, the learning-rate scale and momentum."""
 
     def __init__(self, spec: ProtocolSpec, on_switch: SwitchSpec, momentum: float, members: Membership,
-                 targets: Sequence[ProtocolSpec] = ()) -> None:
+                 targets: Sequence[ProtocolSpec] = (), optimizer: OptimizerSpec | None = None) -> None:
         self.spec, self.on_switch = spec, on_switch
         # the fields given for protocols a switch may reach: the configured protocol's, ``policy.protocols``'
         self.targets = {t.name: t.model_dump(exclude_unset=True) for t in [spec, *targets]}
         self.members = members  # the lifecycle's, as the protocols see it
-        self.protocol = make_protocol(spec)
-        self.reference = make_protocol(spec)  # the configured protocol, for the learning-rate rule
+        self.optimizer = optimizer or OptimizerSpec()  # the run's: gradients', and local SGD's inner default
+        self.protocol = make_protocol(spec, self.optimizer)
+        self.reference = make_protocol(spec, self.optimizer)  # the configured protocol, for the learning-rate rule
+        self.outer = spec.outer() if spec.local else AVERAGING
+        """The outer optimizer of the last protocol with local steps in force: movements pushed under it and
+        applied after a switch away from it still take it."""
         self.configured_momentum = self.momentum = momentum
         self.lr_scale = 1.0
         self.pending: Pending | None = None
@@ -63,7 +68,7 @@ class Switching:
         factor = u.lr_factor * (1.0 if since is None else ramp(self.on_switch, self.restore, since))
         a = u.aggregate
         return Apply(version, a, factor, self.spec.name, self.protocol.work.budget(-1, {}).time_budget_s,
-                     now - a.started)
+                     now - a.started, self.outer if a.local_steps else None)
 
     def decided(self, d: Decision, policy: str, now: float) -> tuple[Pending | None, list[Record]]:
         """The protocol or parameters a decision asks for: the switch to make now (``request``), and a
@@ -116,8 +121,10 @@ class Switching:
         normal step, for the overhead figure)."""
         new = sw.new
         if self.spec is not new:
-            previous, self.spec, self.protocol = self.protocol, new, make_protocol(new)
+            previous, self.spec, self.protocol = self.protocol, new, make_protocol(new, self.optimizer)
             self.protocol.rule.enter(previous.rule, self.members, now)
+        if new.local:
+            self.outer = new.outer()
         out: list[Action] = [*self.rescaled(b, self.on_switch.optimizer_state if old.name != new.name else "keep")]
         if old.name != new.name:
             self.switches.append(SwitchRecord(sw.decided_at, new.name, step_s))
@@ -149,14 +156,15 @@ class Switching:
         return {"spec": self.spec.model_dump(), "protocol": self.protocol.state_dict(now),
                 "lr_scale": self.lr_scale, "momentum": self.momentum,
                 "pending": None if p is None else [p.new.model_dump(), p.reason, p.policy, p.decided_at - now],
-                "switched_at": self.switched_at, "restore": self.restore,
+                "switched_at": self.switched_at, "restore": self.restore, "outer": self.outer.model_dump(),
                 "switches": [[s.decided_at - now, s.to, s.step_s, [t - now for t in s.updates]]
                              for s in self.switches]}
 
     def load_state_dict(self, d: dict[str, Any], now: float) -> None:
         """(After the lifecycle's: the protocol enters the membership it restored.)"""
         self.spec = saved_spec(d["spec"])
-        self.protocol = make_protocol(self.spec)
+        self.protocol = make_protocol(self.spec, self.optimizer)
+        self.outer = OptimizerSpec.model_validate(d.get("outer", AVERAGING.model_dump()))
         self.protocol.rule.enter(None, self.members, now)
         self.protocol.load_state_dict(d["protocol"], now)
         self.lr_scale, self.momentum = d["lr_scale"], d["momentum"]

@@ -6,6 +6,10 @@ rule says how those steps combine. A new kind of step (a number of local steps) 
 - ``Samples`` (bsp, fmb, backup, asp, ssp, kasync, timed): a sample budget, the protocol's batch or the
   one a policy set for the worker.
 - ``TimeBudget`` (amb): whatever fits in T, up to ``max_batch`` samples; the batch is what was measured.
+- ``LocalSteps`` (local_sgd, diloco, async_local_sgd, async_diloco, and any protocol given ``local_steps``):
+  H steps of ``batch`` samples with the inner optimizer, then a push of what the model moved; over a time
+  budget (amb), as many as fit in T. Its learning-rate batch is a local step's: the run's optimizer, which
+  the batch rule scales, is not used while it is in force (the outer optimizer steps at its own rate).
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
+from switchps.config.optimizer import OptimizerSpec
 from switchps.config.protocol import AMB, Base
-from switchps.ps_server.core.events import Batches, Budget
+from switchps.ps_server.core.events import Batches, Budget, Local
 
 
 def per_worker(b: Batches, batch: int) -> list[float]:
@@ -67,3 +72,23 @@ class TimeBudget(WorkRule):
     def samples(self, b: Batches) -> list[float]:
         measured = b.step_samples
         return [measured] * b.num_workers if measured is not None else per_worker(b, self.s.batch)
+
+
+class LocalSteps(WorkRule):
+    """H local steps of ``batch`` samples with the inner optimizer, under a time budget if the protocol has one
+    (``base``: the protocol's own work rule, which says whether it does)."""
+
+    def __init__(self, s: Base, base: WorkRule, configured: OptimizerSpec) -> None:
+        super().__init__(s)
+        assert s.local_steps is not None
+        self.time_budget_s = base.budget(-1, {}).time_budget_s
+        self.inner = s.inner(configured)
+        self.steps = s.local_steps
+
+    def budget(self, worker: int, batches: dict[int, int]) -> Budget:
+        batch = batches.get(worker, self.s.batch)
+        return Budget(self.steps * batch, self.time_budget_s, self._micro(batch),
+                      Local(self.steps, batch, self.inner, self.s.inner_state == "reset"))
+
+    def samples(self, b: Batches) -> list[float]:
+        return per_worker(b, self.s.batch)

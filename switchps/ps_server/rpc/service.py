@@ -24,7 +24,6 @@ holds at most two payloads at once (``receiving.Slots``), so its streams never h
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import threading
 import time
@@ -38,7 +37,6 @@ from prometheus_client import Gauge
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import PayloadWriter, aencode, encode, joined, whole_frame
-from switchps.protos.orders import to_wire
 from switchps.protos.requests import decode, fill, first_frame, parse
 from switchps.protos.layout import layout_size
 from switchps.protos.segment import Segment
@@ -46,11 +44,12 @@ from switchps.protos.wire_dtype import narrowed, wire_nbytes
 from switchps.ps_server.rpc.admission import Admission, Alone, same_framework, same_wire
 from switchps.ps_server.rpc.attachments import Attachments, write_values
 from switchps.ps_server.rpc.executor import StoreExecutor
+from switchps.ps_server import work_orders
 from switchps.ps_server.checkpointer import Checkpointer
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.rpc.guard import Guard, as_worker
 from switchps.ps_server.core.actions import Action, Executor, Release, execute
-from switchps.ps_server.core.events import Push, StepReport, WorkOrder
+from switchps.ps_server.core.events import Push, StepReport
 from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
@@ -176,7 +175,7 @@ class ParameterServer:
         self.framework = framework
         self.devices.add(req.device or "cpu")
         self._execute(actions)
-        order = _order(self.core.issue(req.worker, self.clock()))
+        order = work_orders.to_wire(self.core.issue(req.worker, self.clock()))
         return pb.RegisterReply(send_init=first, order=order, num_workers=self.core.members.num_workers)
 
     async def status(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
@@ -236,7 +235,7 @@ class ParameterServer:
         self.store.initialize(layout, values)
         self.rec.event("model_initialized", worker=worker, parameters=int(values.size))
         self._execute(self.core.initialized_at(self.clock()))
-        yield next(encode(pb.InitReply(order=_order(self.core.work_order()))))
+        yield next(encode(pb.InitReply(order=work_orders.to_wire(self.core.work_order()))))
 
     async def _receive_init(self, ctx: grpc.aio.ServicerContext) -> tuple[int, pb.Layout, np.ndarray]:
         header, first = decode(await first_frame(ctx, self.receive_timeout_s), pb.InitHeader)
@@ -272,7 +271,8 @@ class ParameterServer:
             await self._until_started()
         if not self.store.initialized:
             await self._reject(ctx, "pull", precondition("not_initialized", "the model is not initialized yet"))
-        snapshot, reply = self.store.snapshot(), pb.PullReply(order=_order(self.core.issue(req.worker, self.clock())))
+        snapshot = self.store.snapshot()
+        reply = pb.PullReply(order=work_orders.to_wire(self.core.issue(req.worker, self.clock())))
         if req.master and self.store.wire != "float32" and req.have_version != snapshot.version:
             snapshot = self.store.master()
         async for frame in self._send(reply, snapshot if req.have_version != snapshot.version else None, req.worker):
@@ -311,7 +311,7 @@ class ParameterServer:
         o = release.outcome
         PUSHES.labels("applied" if o.applied else "dropped").inc()
         reply = pb.PushReply(applied=o.applied, note=o.note, staleness=o.staleness, wait_s=o.wait_s,
-                             order=_order(release.order))
+                             order=work_orders.to_wire(release.order))
         async for frame in self._send(reply, snapshot, p.worker, segment, whole is not None):
             yield frame
 
@@ -411,8 +411,5 @@ def _whole_frame(reply: pb.PushReply, wire: str, values: np.ndarray) -> bytes:
 
 def _report(s: pb.StepStats) -> StepReport:
     return StepReport(s.compute_s, s.sleep_s, s.send_s, s.wait_s, s.step, s.loss_sum, s.delay_sleep_s,
-                      s.delay_factor, s.delay_comm_s, s.batch_exhausted, s.overlapped)
-
-
-def _order(o: WorkOrder) -> pb.WorkOrder:
-    return pb.WorkOrder(**{**dataclasses.asdict(o), "time_budget_s": to_wire(o.time_budget_s)})
+                      s.delay_factor, s.delay_comm_s, s.batch_exhausted, s.local_steps, s.overlapped,
+                      tuple(s.local_loss_sums))

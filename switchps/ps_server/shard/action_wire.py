@@ -16,9 +16,11 @@ import dataclasses
 from collections.abc import Mapping, MutableMapping
 from typing import assert_never
 
+from switchps.config.optimizer import OptimizerSpec
 from switchps.protos import orders, switchps_pb2 as pb
+from switchps.ps_server import work_orders
 from switchps.ps_server.core.actions import Action, Apply, Count, Free, Join, Record, Release, SetOptimizer
-from switchps.ps_server.core.events import Aggregate, Outcome, Push, WorkOrder
+from switchps.ps_server.core.events import Aggregate, Outcome, Push
 from switchps.ps_server.shard.followers import Key, key_of, part_key
 
 CARRIED = ("join", "free", "apply", "release", "optimizer")
@@ -40,11 +42,12 @@ def to_wire(a: Action, names: Mapping[int, Key]) -> pb.ShardAction | None:
                 aggregate=agg.id, samples=agg.samples, lr_factor=a.lr_factor, version=a.version,
                 started=agg.started, members=[pb.PushInfo(**{f: getattr(m, f) for f in _PUSH_FIELDS})
                                               for m in agg.members],
-                protocol=a.protocol, time_budget_s=orders.to_wire(a.time_budget_s), wait_s=a.wait_s))
+                protocol=a.protocol, time_budget_s=orders.to_wire(a.time_budget_s), wait_s=a.wait_s,
+                outer_optimizer=a.outer.model_dump_json() if a.outer else ""))
         case Release():
             return pb.ShardAction(release=pb.ReleasePart(
                 push=a.push_id, worker=a.worker, outcome=pb.PushOutcome(**vars(a.outcome)),
-                order=pb.WorkOrder(**{**vars(a.order), "time_budget_s": orders.to_wire(a.order.time_budget_s)})))
+                order=work_orders.to_wire(a.order)))
         case SetOptimizer():
             return pb.ShardAction(optimizer=pb.OptimizerChange(
                 lr_scale=a.lr_scale, has_momentum=a.momentum is not None, momentum=a.momentum or 0.0,
@@ -70,13 +73,13 @@ def from_wire(msg: pb.ShardAction, names: MutableMapping[int, Key]) -> Action:
             u = msg.apply
             members = [Push(**{f: getattr(m, f) for f in _PUSH_FIELDS}) for m in u.members]
             agg = Aggregate(u.started, members, u.samples, u.aggregate, {m.worker for m in members})
-            return Apply(u.version, agg, u.lr_factor, u.protocol, orders.from_wire(u.time_budget_s), u.wait_s)
+            return Apply(u.version, agg, u.lr_factor, u.protocol, orders.from_wire(u.time_budget_s), u.wait_s,
+                         OptimizerSpec.model_validate_json(u.outer_optimizer) if u.outer_optimizer else None)
         case "release":
             r = msg.release
-            o, w = r.outcome, r.order
+            o = r.outcome
             return Release(r.push, r.worker, Outcome(o.applied, o.staleness, o.wait_s, o.note),
-                           WorkOrder(w.protocol, w.version, w.sample_budget, orders.from_wire(w.time_budget_s),
-                                     w.micro_batch, w.stop))
+                           work_orders.from_wire(r.order))
         case "optimizer":
             c = msg.optimizer
             return SetOptimizer(c.lr_scale, c.momentum if c.has_momentum else None, c.state or "keep", c.state_scale)
