@@ -57,6 +57,7 @@ def test_schedule_by_steps_and_epochs():
     ({"switch_order": "10", "lengths": [0.5]}, "one length per digit"),
     ({"phases": [{"bsp": 0.7}, {"asp": 0.7}]}, "more than 1"),
     ({"phases": [{"bsp": 0.5, "asp": 0.5}]}, "one-key"),
+    ({"phases": [{"local_steps": 4}]}, "one-key"),
 ])
 def test_bad_schedules(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -108,3 +109,44 @@ def test_bad_policies_are_config_errors(user_module):
         with pytest.raises(ConfigError, match=re.escape(message)) as err:
             parse_config({"policy": policy}, checks=PREFLIGHT)
         assert str(err.value).startswith("policy")
+
+
+def test_a_schedule_phase_sets_protocol_fields_when_it_begins():
+    """Post-local SGD as a schedule: BSP, then local SGD with H = 4, then H = 16 (the same name, new fields)."""
+    s = Schedule(phases=[{"bsp": 2}, {"local_sgd": 2, "local_steps": 4}, {"local_sgd": 1, "local_steps": 16}],
+                 unit="steps")
+    assert s.decide(snap("bsp", version=0)) is None
+    d = s.decide(snap("bsp", version=2))
+    assert (d.protocol, d.params) == ("local_sgd", {"local_steps": 4}) and "local_steps 4" in d.reason
+    assert s.decide(snap("local_sgd", version=3)) is None, "fields are set once, when the phase begins"
+    saved = s.state_dict()
+    again = Schedule(phases=[{"bsp": 2}, {"local_sgd": 2, "local_steps": 4}, {"local_sgd": 1, "local_steps": 16}],
+                     unit="steps")
+    again.load_state_dict(saved)
+    assert again.decide(snap("local_sgd", version=3)) is None, "a resumed schedule knows the phase it entered"
+    assert again.decide(snap("local_sgd", version=4)).params == {"local_steps": 16}
+
+
+def test_a_schedule_phase_names_only_fields_its_protocol_takes():
+    with pytest.raises(ValueError, match="phase bsp: bsp takes no window_s"):
+        Schedule(phases=[{"bsp": 0.5, "window_s": 1.0}, {"asp": 0.5}])
+
+
+def test_post_local_sgd_in_the_core_orders_local_steps_from_the_switch_on():
+    """The schedule's switch reaches the workers' orders: BSP's gradients, then rounds of local steps whose
+    movements the outer optimizer applies (``Apply.outer``), with H changing between phases."""
+    from harness import Harness
+    from switchps.ps_server.core.events import StepReport
+
+    h = Harness(workers=2, policy=Schedule(phases=[{"bsp": 2}, {"local_sgd": 2, "local_steps": 4},
+                                                   {"local_sgd": 1, "local_steps": 16}], unit="steps"))
+    seen = []
+    for _ in range(5):
+        order = h.core.work_order(0)
+        seen.append(order.local.steps if order.local else 0)
+        for w in range(2):
+            h.push(w, 1.0, samples=order.sample_budget, report=StepReport(local_steps=seen[-1]))
+    assert seen == [0, 0, 4, 4, 16]
+    assert [a.outer is not None for a in h.applied] == [False, False, True, True, True]
+    assert h.applied[2].outer.learning_rate == 1.0, "local SGD's outer step averages the movements"
+    h.check_books()

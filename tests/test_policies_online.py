@@ -283,3 +283,33 @@ def test_dynamic_batching_is_idle_under_amb_and_with_one_worker():
     p = DynamicBatching(every_rounds=1)
     assert p.decide(snap({0: 3.0, 1: 1.0}, protocol="amb")) is None
     assert p.decide(snap({0: 3.0})) is None
+
+
+def test_anytime_gives_diloco_a_time_budget_and_the_switch_keeps_its_local_steps_and_optimizers():
+    """Under stragglers DiLoCo becomes anytime local SGD: AMB's T over its local steps, with DiLoCo's AdamW and
+    Nesterov outer step kept (not AMB's defaults); back to DiLoCo once they recover."""
+    from harness import Harness
+
+    a = Anytime(patience=1)
+    d = a.decide(snap(SLOW3, protocol="diloco", compute=COMPUTE))
+    assert d.protocol == "amb" and d.time_budget_s == pytest.approx(0.9)
+    h = Harness(workers=4, protocol={"name": "diloco", "local_steps": 4})
+    h.run(h.core.decide(d, "anytime", h.now))
+    spec = h.core.spec
+    assert (spec.name, spec.local_steps, spec.time_budget_s) == ("amb", 4, pytest.approx(0.9))
+    assert (spec.inner_optimizer.name, spec.outer_optimizer.name) == ("adamw", "nesterov")
+    order = h.core.work_order(0)
+    assert (order.local.steps, order.local.inner.name, order.time_budget_s) == (4, "adamw", pytest.approx(0.9))
+    back = a.decide(snap({w: 0.9 for w in FAST}, protocol="amb"))
+    assert back.protocol == "diloco"
+    h.run(h.core.decide(back, "anytime", h.now))
+    assert (h.core.spec.name, h.core.spec.local_steps, h.core.work_order(0).time_budget_s) == ("diloco", 4, None)
+
+
+def test_greedy_rides_stragglers_out_between_synchronous_and_asynchronous_local_sgd():
+    g = Greedy(bsp_fraction=0.5, patience=1, sync_protocol="local_sgd", async_protocol="async_local_sgd")
+    assert g.decide(snap(SLOW3, protocol="local_sgd", progress=0.1)).protocol == "async_local_sgd"
+    d = g.decide(snap(FAST, protocol="async_local_sgd", progress=0.2))
+    assert d.protocol == "local_sgd" and "local_sgd quota 10.0%" in d.reason, "only local_sgd's progress counts"
+    with pytest.raises(ValueError, match="sync_protocol must be one of"):
+        Greedy(bsp_fraction=0.5, sync_protocol="asp")

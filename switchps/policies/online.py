@@ -46,18 +46,27 @@ class _Detecting(_Stateful):
         return self.detector.observe({w: ws.step_time_s for w, ws in s.workers.items()})
 
 
+ROUNDS = ("bsp", "fmb", "local_sgd", "diloco")
+"""The round protocols ``Greedy`` leaves and ``Anytime`` gives a time budget while stragglers last."""
+ASYNC = ("asp", "ssp", "async_local_sgd", "async_diloco")
+"""The asynchronous protocols ``Greedy`` rides stragglers out with."""
+
+
 @dataclass(kw_only=True)
 class Greedy(_Detecting):
     """Sync-Switch's greedy policy: BSP until its quota is done, ``async_protocol`` while a straggler lasts.
 
     The quota ``bsp_fraction`` counts progress made under BSP only: as in Sync-Switch, where the
     BSP phase is a fixed number of steps, training done in ASP while riding out a straggler does
-    not count towards it. Once the quota is met it switches to ``async_protocol`` for good.
+    not count towards it. Once the quota is met it switches to ``async_protocol`` for good. With local
+    steps: ``sync_protocol: local_sgd`` (or diloco) and ``async_protocol: async_local_sgd`` (or async_diloco),
+    the local steps and optimizers in force carried across each switch.
     """
 
     name: ClassVar[str] = "greedy"
     bsp_fraction: float
     async_protocol: str = "asp"
+    sync_protocol: str = "bsp"
     _bsp_done: float = field(default=0.0, init=False, repr=False)
     _last_progress: float = field(default=0.0, init=False, repr=False)
 
@@ -65,21 +74,23 @@ class Greedy(_Detecting):
         super().__post_init__()
         if not 0.0 <= self.bsp_fraction <= 1.0:
             raise ValueError(f"bsp_fraction must be in [0, 1], got {self.bsp_fraction}")
-        if self.async_protocol not in ("asp", "ssp"):
-            raise ValueError(f"async_protocol must be asp or ssp, got {self.async_protocol!r}")
+        if self.async_protocol not in ASYNC:
+            raise ValueError(f"async_protocol must be one of {', '.join(ASYNC)}, got {self.async_protocol!r}")
+        if self.sync_protocol not in ROUNDS:
+            raise ValueError(f"sync_protocol must be one of {', '.join(ROUNDS)}, got {self.sync_protocol!r}")
 
     def decide(self, s: ClusterView) -> Decision | None:
-        if s.protocol == "bsp":   # decisions apply at once, so s.protocol ran since the last call
+        if s.protocol == self.sync_protocol:   # decisions apply at once, so s.protocol ran since the last call
             self._bsp_done += max(0.0, s.progress - self._last_progress)
         self._last_progress = s.progress
         _, recovered = self.observe(s)
-        quota = f"BSP quota {self._bsp_done:.1%} of {self.bsp_fraction:.1%} done"
+        quota = f"{self.sync_protocol} quota {self._bsp_done:.1%} of {self.bsp_fraction:.1%} done"
         if self._bsp_done >= self.bsp_fraction:
             want, reason = self.async_protocol, f"{quota}: {self.async_protocol} for the rest"
         elif self.detector.stragglers:
             want, reason = self.async_protocol, f"stragglers {sorted(self.detector.stragglers)} detected; {quota}"
         else:
-            want, reason = "bsp", f"no stragglers (recovered: {sorted(recovered)}); {quota}"
+            want, reason = self.sync_protocol, f"no stragglers (recovered: {sorted(recovered)}); {quota}"
         return None if s.protocol == want else Decision(reason, protocol=want)
 
 
@@ -108,10 +119,12 @@ class Elastic(_Detecting):
 
 @dataclass(kw_only=True)
 class Anytime(_Detecting):
-    """Switch bsp/fmb to AMB while stragglers last, and back to the protocol it left once all recover.
+    """Switch bsp/fmb to AMB while stragglers last, and back to the protocol it left once all recover;
+    local_sgd/diloco to anytime local SGD (AMB with their local steps, which a switch keeps: each worker takes
+    as many of its H local steps as fit in T).
 
     T = ``factor`` x median(compute_s of the non-straggling workers): the time a fast worker takes
-    for its batch, so fast workers keep about the same batch while stragglers contribute what they
+    for its batch (or its H local steps), so fast workers keep about the same batch while stragglers contribute what they
     can within T instead of holding up every round. ``micro_batch``, if given, is set with the switch.
 
     Stragglers are judged on time per sample (step_time_s / samples) rather than step time: under
@@ -136,7 +149,7 @@ class Anytime(_Detecting):
     def decide(self, s: ClusterView) -> Decision | None:
         self.observe(s)
         slow = self.detector.stragglers
-        if slow and s.protocol in ("bsp", "fmb"):
+        if slow and s.protocol in ROUNDS:
             fast = [ws.compute_s for w, ws in s.workers.items() if w not in slow and ws.compute_s > 0]
             if not fast:
                 return None

@@ -86,10 +86,15 @@ class Switching:
 
     def respec(self, update: dict[str, Any]) -> ProtocolSpec:
         """The spec a switch to ``update`` (a name, fields) puts in force: the fields its member shares with
-        the spec in force, then those given for it (``targets``), then ``update``'s; a field its member does
-        not take is an error (``pydantic.ValidationError``)."""
+        the spec in force (local steps keep the inner and outer optimizers in force, so DiLoCo's AdamW stays
+        when anytime local SGD takes over), then those given for it (``targets``), then ``update``'s; a field
+        its member does not take is an error (``pydantic.ValidationError``)."""
         name = update.get("name", self.spec.name)
-        return protocol_spec({**carried(self.spec.model_dump(), name), **self.targets.get(name, {}), **update})
+        kept = carried(self.spec.model_dump(), name)
+        if self.spec.local and name != self.spec.name:  # the optimizers in force, not the old name's defaults
+            kept |= {"inner_optimizer": self.spec.inner(self.optimizer).model_dump(),
+                     "outer_optimizer": self.spec.outer().model_dump()}
+        return protocol_spec({**kept, **self.targets.get(name, {}), **update})
 
     def request(self, sw: Pending) -> Pending | None:
         """A switch decided: the one to make now, or None if it changes nothing or waits, as ``pending``,
