@@ -27,6 +27,9 @@ from switchps.ps_server.core.overhead import SwitchRecord
 from switchps.ps_server.core.protocols import make_protocol
 from switchps.ps_server.core.rescale import ramp, rescaled, restore_factor
 
+LOCAL_FIELDS = frozenset({"local_steps", "inner_optimizer", "inner_state", "outer_optimizer"})
+"""A spec's local-steps fields, which a switch keeps only under the same name (``Switching.respec``)."""
+
 
 class Pending(NamedTuple):
     """A switch decided (while a round is in flight, it waits): the new spec, why, by which policy, when."""
@@ -86,10 +89,13 @@ class Switching:
 
     def respec(self, update: dict[str, Any]) -> ProtocolSpec:
         """The spec a switch to ``update`` (a name, fields) puts in force: the fields its member shares with
-        the spec in force, then those given for it (``targets``), then ``update``'s; a field its member does
-        not take is an error (``pydantic.ValidationError``)."""
+        the spec in force (its local steps only if the name stays), then those given for it (``targets``),
+        then ``update``'s; a field its member does not take is an error (``pydantic.ValidationError``)."""
         name = update.get("name", self.spec.name)
-        return protocol_spec({**carried(self.spec.model_dump(), name), **self.targets.get(name, {}), **update})
+        kept = carried(self.spec.model_dump(), name)
+        if name != self.spec.name:  # local steps are a name's: bsp's None would make local_sgd a gradient's
+            kept = {k: v for k, v in kept.items() if k not in LOCAL_FIELDS}
+        return protocol_spec({**kept, **self.targets.get(name, {}), **update})
 
     def request(self, sw: Pending) -> Pending | None:
         """A switch decided: the one to make now, or None if it changes nothing or waits, as ``pending``,
