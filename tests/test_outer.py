@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from harness import Harness
 from switchps.config.optimizer import OptimizerSpec
+from switchps.config.protocol import AVERAGING as LOCAL_SGD_OUTER
+from switchps.ps_server.core.actions import Apply
+from switchps.ps_server.core.events import StepReport
 from switchps.protos.layout import make_layout
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpointer import Parts, restore, where_applied
@@ -116,3 +121,121 @@ class _NoCore:
 
     def restarted(self, now: float) -> None:
         pass
+
+
+# ---- the core: which optimizer each update names, across switches (the harness: no sockets, a fake clock) -------
+
+
+class Outer(Harness):
+    """The harness with the store's rule: a gradient steps the run's SGD (at the ``SetOptimizer`` scale), a
+    movement the outer SGD its ``Apply`` names, at that spec's rate (never the run's scale)."""
+
+    def apply(self, a: Apply) -> None:
+        if a.outer is None:
+            return super().apply(a)
+        assert a.outer.name == "sgd" and not a.outer.params, "the harness steps plain SGD"
+        grad = self.sums.take(a.aggregate.id)
+        self.params -= a.outer.learning_rate * a.lr_factor * grad.astype(np.float64) / a.aggregate.samples
+        self.applied.append(a)
+
+    def moved(self, worker: int, by: float, steps: int, batch: int = 2, base: int | None = None) -> int:
+        """A push of ``steps`` local steps of ``batch`` samples that moved the model by ``by`` (theta_start -
+        theta_end): ``samples * by``, as a worker pushes it."""
+        samples = steps * batch
+        return self.push(worker, samples * by, samples=samples, base=base,
+                         report=StepReport(local_steps=steps, local_loss_sums=(1.0,) * steps))
+
+    def kinds(self) -> list[tuple[str, int, bool]]:
+        """Per update: its protocol, its pushes, and whether an outer optimizer applies it."""
+        return [(a.protocol, len(a.aggregate.members), a.outer is not None) for a in self.applied]
+
+
+def test_bsp_to_local_sgd_and_back_switches_between_rounds_and_names_the_outer_optimizer_for_movements():
+    h = Outer(workers=2, protocol={"batch": 2})
+    assert h.core.switching.respec({"name": "local_sgd"}).local_steps == 8, "its own H, not bsp's None"
+    a = h.push(0, 2.0, samples=2)
+    h.switch(name="local_sgd", local_steps=3)
+    assert h.core.spec.name == "bsp" and not h.released(a), "the switch waits for the round in flight"
+    b = h.push(1, 2.0, samples=2)
+    assert h.core.spec.name == "local_sgd" and h.core.spec.local_steps == 3
+    assert [(h.releases[i].order.local.steps, h.releases[i].order.local.batch) for i in (a, b)] == [(3, 2)] * 2
+    before = h.params.copy()
+    c = h.moved(0, 0.5, 3)
+    h.switch(name="bsp")
+    assert h.core.spec.name == "local_sgd", "the round of movements goes on"
+    d = h.moved(1, 1.5, 3)
+    np.testing.assert_allclose(h.params, before - 1.0)  # outer SGD at lr 1: the mean movement, averaging
+    assert h.applied[-1].outer == LOCAL_SGD_OUTER and h.applied[-1].aggregate.local_steps == 6
+    assert h.core.spec.name == "bsp" and h.core.spec.local_steps is None
+    assert all(h.releases[i].order.local is None for i in (c, d)), "the orders after it are gradients'"
+    h.push(0, 1.0, samples=2)
+    h.push(1, 1.0, samples=2)
+    assert h.kinds() == [("bsp", 2, False), ("local_sgd", 2, True), ("bsp", 2, False)]
+    h.check_books()
+
+
+def test_asp_to_async_local_sgd_applies_the_gradients_in_flight_alone_with_the_runs_optimizer():
+    h = Outer(workers=3, protocol={"name": "asp", "batch": 2})
+    h.push(0, 2.0, samples=2)
+    h.switch(name="async_local_sgd", local_steps=2)
+    assert h.core.spec.name == "async_local_sgd"
+    g = [h.push(w, 2.0, samples=2, base=0) for w in (1, 2)]  # computed before the switch
+    assert h.kinds()[1:] == [("async_local_sgd", 1, False)] * 2, "each alone, as a gradient"
+    assert all(h.releases[i].order.local is not None for i in g)
+    m = h.moved(1, 1.0, 2)
+    assert h.kinds()[-1] == ("async_local_sgd", 1, True) and h.releases[m].outcome.applied
+    assert h.applied[-1].aggregate.members[0].local_steps == 2
+    h.check_books()
+
+
+def test_async_local_sgd_to_bsp_applies_the_movements_in_flight_alone_with_the_outer_optimizer():
+    h = Outer(workers=3, protocol={"name": "async_diloco", "batch": 2, "local_steps": 2,
+                                   "outer_optimizer": {"name": "sgd", "learning_rate": 0.5}})
+    h.moved(0, 1.0, 2)
+    h.switch(name="bsp")
+    assert h.core.spec.name == "bsp" and not h.core.spec.local
+    before = h.params.copy()
+    held = [h.moved(w, 1.0, 2, base=0) for w in (1, 2)]  # in flight from the local phase
+    np.testing.assert_allclose(h.params, before - 2 * 0.5)  # each its own outer step at lr 0.5
+    assert [a.outer for a in h.applied[1:]] == [OptimizerSpec(name="sgd", learning_rate=0.5)] * 2
+    assert all(h.releases[i].outcome.applied and h.releases[i].order.local is None for i in held)
+    h.moved(0, 1.0, 2)  # worker 0's order came before the switch: one more movement, alone
+    for w in range(3):
+        h.push(w, 1.0, samples=2)
+    assert h.kinds()[-2:] == [("bsp", 1, True), ("bsp", 3, False)], "then one round of gradients"
+    h.check_books()
+
+
+def test_amb_with_local_steps_is_anytime_local_sgd():
+    h = Outer(workers=2, protocol={"name": "amb", "time_budget_s": 1.0, "batch": 4})
+    h.push(0, 1.0, samples=8)
+    h.push(1, 1.0, samples=4)
+    h.switch(local_steps=4)
+    assert h.core.spec.name == "amb" and h.core.spec.local_steps == 4
+    g = [h.push(w, 1.0, samples=4) for w in (0, 1)]  # ordered before the switch: gradients, each alone
+    order = h.releases[g[0]].order
+    assert order.local is not None and order.local.steps == 4 and order.time_budget_s == 1.0
+    h.moved(0, 1.0, 2, batch=4)  # as many local steps as fit in T: two here, three there
+    h.moved(1, 1.0, 3, batch=4)
+    h.advance(1.0)
+    assert h.kinds() == [("amb", 2, False), ("amb", 1, False), ("amb", 1, False), ("amb", 2, True)]
+    assert h.applied[-1].aggregate.local_steps == 5 and h.applied[-1].aggregate.samples == 20
+    h.check_books()
+
+
+def test_the_batch_rule_scales_the_runs_optimizer_never_the_outer_step_which_staleness_damps():
+    h = Outer(workers=4, protocol={"batch": 2})
+    outer = OptimizerSpec(name="sgd", learning_rate=0.7)
+    h.switch(name="async_diloco", local_steps=2, staleness_lr=True, outer_optimizer=outer)
+    assert h.lr_scale == pytest.approx(0.25), "the linear rule, on the run's optimizer (gradients)"
+    for w in (0, 1):
+        h.push(w, 4.0, samples=2)  # ordered before the switch: gradients, at the run's scale
+    np.testing.assert_allclose(h.params, -2 * 0.25 * 2.0)
+    assert [a.outer for a in h.applied] == [None, None]
+    before = h.params.copy()
+    h.moved(0, 1.0, 2)
+    h.moved(1, 1.0, 2, base=2)  # one update stale
+    fresh, stale = h.applied[-2:]
+    assert fresh.outer == stale.outer == outer
+    np.testing.assert_allclose(h.params, before - 0.7 * 1.5)  # the spec's rate, times 1 and 1/2
+    assert (fresh.lr_factor, stale.lr_factor) == (1.0, 0.5), "lr / (1 + staleness), not the batch rule's"
