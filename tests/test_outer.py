@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 
@@ -19,6 +20,9 @@ from switchps.ps_server.shard.checkpoint import capture, file_digest, restore_pa
 from switchps.ps_server.store import ModelStore
 from switchps.optim.optimizers import adjust_optimizer, make_optimizer
 from switchps.optim.schedules import make_schedule
+from switchps.policies.base import Decision
+
+pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 
 SIZE = 300
 NESTEROV = OptimizerSpec(name="nesterov", learning_rate=0.7, params={"momentum": 0.9})
@@ -239,3 +243,35 @@ def test_the_batch_rule_scales_the_runs_optimizer_never_the_outer_step_which_sta
     assert fresh.outer == stale.outer == outer
     np.testing.assert_allclose(h.params, before - 0.7 * 1.5)  # the spec's rate, times 1 and 1/2
     assert (fresh.lr_factor, stale.lr_factor) == (1.0, 0.5), "lr / (1 + staleness), not the batch rule's"
+
+
+# ---- a worker whose loop cannot take local steps (a user's own) --------------------------------------------
+
+
+def test_a_worker_that_cannot_take_local_steps_is_refused_at_registration_while_they_are_in_force(cluster_factory):
+    c = cluster_factory(workers=2, size=4, protocol={"name": "local_sgd", "batch": 2, "local_steps": 2})
+    user = c.workers[1].client
+    with pytest.raises(grpc.RpcError) as err:
+        user.register(1, c.layout, 100)  # as a user's own loop registers (local_steps False)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.details() == ("worker 1's training loop cannot take local steps, which the protocol in "
+                                   "force (local_sgd) asks for")
+    assert c.rec.rejections["register:local_steps"] == 1 and c.core.members.gradients_only == set()
+    user.register(1, c.layout, 100, local_steps=True)
+    gradients = cluster_factory(workers=1, size=4, protocol={"name": "asp"})
+    gradients.workers[0].client.register(0, gradients.layout, 100)  # no local steps in force: taken
+    assert gradients.core.members.gradients_only == {0}
+
+
+def test_a_policys_switch_to_local_steps_is_rejected_while_a_worker_cannot_take_them():
+    h = Harness(workers=2)
+    h.run(h.core.register(1, 100, h.now, local_steps=False))  # worker 1 rejoins from a user's own loop
+    h.run(h.core.decide(Decision("try local SGD", protocol="local_sgd"), "manual", h.now))
+    assert h.core.spec.name == "bsp" and h.core.switching.pending is None
+    (rejected,) = h.events("decision_rejected")
+    assert rejected["error"] == "workers [1] cannot take local steps"
+    h.run(h.core.decide(Decision("async", protocol="asp"), "manual", h.now))
+    assert h.core.spec.name == "asp", "a switch without local steps is taken"
+    h.run(h.core.register(1, 100, h.now))  # back with the built-in loop
+    h.run(h.core.decide(Decision("try local SGD", protocol="async_local_sgd"), "manual", h.now))
+    assert h.core.spec.name == "async_local_sgd" and len(h.events("decision_rejected")) == 1

@@ -96,6 +96,8 @@ class Membership:
     excluded: set[int] = field(default_factory=set)
     last_seen: dict[int, float] = field(default_factory=dict)
     """When each worker last registered or pushed (an SSP laggard's deadline counts from it)."""
+    gradients_only: set[int] = field(default_factory=set)
+    """Workers whose loop cannot take local steps (a user's own), as they said when they registered."""
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,9 @@ class Switching:
         except ValidationError as err:
             return None, [Record("decision_rejected", {"policy": policy, "reason": d.reason,
                                                        "error": str(err.errors()[0]["msg"])})]
+        if new.local and self.members.gradients_only:
+            return None, [Record("decision_rejected", {"policy": policy, "reason": d.reason, "error":
+                                 f"workers {sorted(self.members.gradients_only)} cannot take local steps"})]
         return self.request(Pending(new, d.reason, policy, now)), []
 
     def respec(self, update: dict[str, Any]) -> ProtocolSpec:
