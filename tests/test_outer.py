@@ -272,6 +272,9 @@ def test_a_policys_switch_to_local_steps_is_rejected_while_a_worker_cannot_take_
     assert rejected["error"] == "workers [1] cannot take local steps"
     h.run(h.core.decide(Decision("async", protocol="asp"), "manual", h.now))
     assert h.core.spec.name == "asp", "a switch without local steps is taken"
+    restored = Harness(workers=2, start=False)  # a checkpoint keeps who cannot (an older one: nobody)
+    restored.core.load_state_dict(h.core.state_dict(h.now), h.now)
+    assert restored.core.members.gradients_only == {1}
     h.run(h.core.register(1, 100, h.now))  # back with the built-in loop
     h.run(h.core.decide(Decision("try local SGD", protocol="async_local_sgd"), "manual", h.now))
     assert h.core.spec.name == "async_local_sgd" and len(h.events("decision_rejected")) == 1
