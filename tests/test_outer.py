@@ -243,6 +243,7 @@ def test_the_batch_rule_scales_the_runs_optimizer_never_the_outer_step_which_sta
     assert fresh.outer == stale.outer == outer
     np.testing.assert_allclose(h.params, before - 0.7 * 1.5)  # the spec's rate, times 1 and 1/2
     assert (fresh.lr_factor, stale.lr_factor) == (1.0, 0.5), "lr / (1 + staleness), not the batch rule's"
+    h.check_books()
 
 
 # ---- a worker whose loop cannot take local steps (a user's own) --------------------------------------------

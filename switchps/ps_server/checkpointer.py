@@ -144,13 +144,18 @@ def where_applied(parts: Parts, state: dict[str, Any], copy: Copy = lambda _, a:
     applied (on the gRPC driver's applier): values, optimizer state, open sums, and the ``ps.csv`` rows."""
     if parts.model is not None:
         state["values"] = copy("values", parts.model.values)
-        state["optimizer"] = {k: copy(k, v) if isinstance(v, np.ndarray) else v
-                              for k, v in parts.model.optimizer.state_dict(copy=False).items()}
-        state["outer"] = parts.model.outer.state_dict()  # each local-steps outer optimizer's
+        state["optimizer"] = _copied(parts.model.optimizer.state_dict(copy=False), copy)
+        state["outer"] = {spec: _copied(d, copy, f"{spec}/")  # each local-steps outer optimizer's
+                          for spec, d in parts.model.outer.state_dict(copy=False).items()}
     if parts.sums is not None:
         state["sums"] = parts.sums.state_dict()
     if parts.record is not None:
         state["records"]["rows"]["ps"] = parts.record.ps_rows()
+
+
+def _copied(optimizer_state: dict, copy: Copy, prefix: str = "") -> dict:
+    """An optimizer's ``state_dict(copy=False)`` with its arrays copied (under ``prefix`` + their names)."""
+    return {k: copy(prefix + k, v) if isinstance(v, np.ndarray) else v for k, v in optimizer_state.items()}
 
 
 def compose(parts: Parts, now: float) -> dict[str, Any]:
