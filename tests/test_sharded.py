@@ -168,7 +168,7 @@ def test_every_shard_steps_movements_with_its_outer_optimizer_and_gradients_with
     asp_rounds(one, 6, local_steps=2)
     asp_rounds(three, 6, local_steps=2)
     assert np.array_equal(three.values(), one.values())
-    for store in (three.ps.store, *(f.store for f in three.followers)):
+    for store in (one.ps.store, three.ps.store, *(f.store for f in three.followers)):
         assert store.optimizer.iterations == 0, "no gradient reached the run's optimizer"
         assert [(o.name, o.iterations) for o in store.outer.made.values()] == [("nesterov", 12)]
 
