@@ -21,6 +21,7 @@ from switchps.ps_server.store import ModelStore
 from switchps.optim.optimizers import adjust_optimizer, make_optimizer
 from switchps.optim.schedules import make_schedule
 from switchps.policies.base import Decision
+from switchps.refusals import Rejected
 
 pytest_plugins = ["cluster"]  # cluster_factory: a PS on loopback
 
@@ -271,11 +272,14 @@ def test_a_policys_switch_to_local_steps_is_rejected_while_a_worker_cannot_take_
     assert h.core.spec.name == "bsp" and h.core.switching.pending is None
     (rejected,) = h.events("decision_rejected")
     assert rejected["error"] == "workers [1] cannot take local steps"
-    h.run(h.core.decide(Decision("async", protocol="asp"), "manual", h.now))
-    assert h.core.spec.name == "asp", "a switch without local steps is taken"
     restored = Harness(workers=2, start=False)  # a checkpoint keeps who cannot (an older one: nobody)
     restored.core.load_state_dict(h.core.state_dict(h.now), h.now)
     assert restored.core.members.gradients_only == {1}
     h.run(h.core.register(1, 100, h.now))  # back with the built-in loop
-    h.run(h.core.decide(Decision("try local SGD", protocol="async_local_sgd"), "manual", h.now))
-    assert h.core.spec.name == "async_local_sgd" and len(h.events("decision_rejected")) == 1
+    h.push(0, 1.0)
+    h.run(h.core.decide(Decision("try local SGD", protocol="local_sgd"), "manual", h.now))
+    assert h.core.switching.pending is not None, "the switch waits for the round in flight"
+    with pytest.raises(Rejected, match=r"the protocol switched to \(local_sgd\)"):
+        h.core.check_register(1, 100, local_steps=False)  # as good as in force already
+    h.push(1, 1.0)
+    assert h.core.spec.name == "local_sgd" and len(h.events("decision_rejected")) == 1

@@ -113,9 +113,12 @@ class Core:
         """Raise ``Rejected`` unless a worker index and partition size are plausible, and the worker can take
         local steps if the protocol in force has them."""
         self.lifecycle.check_register(worker, partition_size)
-        if not local_steps and self.spec.local:
+        pending = self.switching.pending  # a switch waiting for its round is as good as in force
+        spec = pending.new if pending is not None and pending.new.local else self.spec
+        if not local_steps and spec.local:
             raise precondition("local_steps", f"worker {worker}'s training loop cannot take local steps, which "
-                                              f"the protocol in force ({self.spec.name}) asks for")
+                                              f"the protocol {'in force' if spec is self.spec else 'switched to'} "
+                                              f"({spec.name}) asks for")
 
     def check_push(self, worker: int, samples: int, base_version: int, report: StepReport, now: float,
                    session: int = 0) -> None:
