@@ -40,9 +40,9 @@ def tensorboard(updates: int) -> dict:
     from switchps.ps_server.records import PS_COLUMNS, WORKER_COLUMNS
     from switchps.ps_server.tensorboard import TensorBoard
 
-    ps = [dict(zip(PS_COLUMNS, (f"{i / 700:.6g}", str(i), "asp", "0", "32", "0", "0.5", "0.05", "2.3", "32", "32",
+    ps = [dict(zip(PS_COLUMNS, (f"{i / 700:.6g}", str(i), "asp", "0", "32", "0", "0", "0.5", "0.05", "2.3", "32", "32",
                                 "32", "0", "", f"0:1:{i}"))) for i in range(1, updates + 1)]
-    steps = [(f"{i / 700:.6g}", str(i % 2), str(i // 2), str(i), "32", "0.0005", "0.0015", "0", "0", "2.3")
+    steps = [(f"{i / 700:.6g}", str(i % 2), str(i // 2), str(i), "32", "0.0005", "0.0015", "0", "0", "2.3", "0", "")
              for i in range(updates)]
     tb = TensorBoard(Path(tempfile.mkdtemp(prefix="switchps-micro-")))
     cpu, wall = time.process_time(), time.perf_counter()

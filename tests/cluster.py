@@ -152,7 +152,7 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
         token = auth.token(security.secret, "worker", i) if security.secret else None
         client = PSClient(address, chunk_bytes or 2 * 1024 * 1024, timeout_s=30,
                           security=ClientSecurity(token, tls or security.tls), wire=wire_dtype)
-        reg = client.register(i, layout, partition_size=100)
+        reg = client.register(i, layout, partition_size=100, local_steps=True)  # the fakes push what orders ask
         if reg.send_init:
             client.init(i, layout, np.zeros(size + state, np.float32))
         fakes.append(FakeWorker(i, client, layout, size + state))

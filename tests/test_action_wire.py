@@ -9,17 +9,23 @@ from typing import get_args
 
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server.core.actions import Action, Apply, Count, Free, Join, Record, Release, SetOptimizer
-from switchps.ps_server.core.events import Aggregate, Outcome, Push, WorkOrder
+from switchps.config.optimizer import OptimizerSpec
+from switchps.ps_server.core.events import Aggregate, Local, Outcome, Push, WorkOrder
 from switchps.ps_server.shard.action_wire import CARRIED, from_wire, to_wire
 
 KEYS = {7: (3, 11, 5, 99), 8: (4, 12, 6, 1)}
 MEMBERS = [Push(7, 3, 40, 16, 2.5, 101.25, staleness=2, step=5, session=11, squares=9.5),
            Push(9, 1, 41, 8, 1.25, 101.5, staleness=1, step=6, session=12, squares=0.75)]
+MOVED = [Push(10, 2, 41, 32, 3.0, 102.0, staleness=1, step=7, session=13, local_steps=4)]
+NESTEROV = OptimizerSpec(name="nesterov", learning_rate=0.7, params={"momentum": 0.9})
 CARRIED_ACTIONS: list[Action] = [
     Join(7, 4),
     Free(8),
     Apply(42, Aggregate(100.5, MEMBERS, 24, 4, {3, 1}), 0.5, "ssp", 0.25, 1.5),
     Release(7, 3, Outcome(False, 2, 0.125, "stale"), WorkOrder("amb", 42, 16, 0.5, 4, True)),
+    Apply(43, Aggregate(101.5, MOVED, 32, 5, {2}), 0.5, "async_diloco", None, 0.0, NESTEROV),
+    Release(10, 2, Outcome(True, 1, 0.0, ""), WorkOrder("async_diloco", 43, 32, None, 8, False,
+                                                         local=Local(4, 8, NESTEROV, True))),
     SetOptimizer(0.5, 0.9, "scale", 0.25),
     SetOptimizer(2.0, None),
 ]

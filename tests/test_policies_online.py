@@ -290,9 +290,11 @@ def test_anytime_gives_diloco_a_time_budget_and_the_switch_keeps_its_local_steps
     Nesterov outer step kept (not AMB's defaults); back to DiLoCo once they recover."""
     from harness import Harness
 
+    import dataclasses
+
     a = Anytime(patience=1)
-    d = a.decide(snap(SLOW3, protocol="diloco", compute=COMPUTE))
-    assert d.protocol == "amb" and d.time_budget_s == pytest.approx(0.9)
+    d = a.decide(dataclasses.replace(snap(SLOW3, protocol="diloco", compute=COMPUTE), local_steps=4))
+    assert (d.protocol, d.params, d.time_budget_s) == ("amb", {"local_steps": 4}, pytest.approx(0.9))
     h = Harness(workers=4, protocol={"name": "diloco", "local_steps": 4})
     h.run(h.core.decide(d, "anytime", h.now))
     spec = h.core.spec

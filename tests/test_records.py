@@ -9,7 +9,9 @@ import threading
 from pathlib import Path
 
 from harness import Harness
+from test_observability import read_events, scalars
 from switchps.ps_server.checkpointer import compose, record_position
+from switchps.ps_server.core.events import StepReport
 from switchps.ps_server.records import FLUSHER, RunRecorder
 
 
@@ -65,3 +67,20 @@ def test_the_harness_checkpoints_its_record_through_the_shared_composer(tmp_path
     again = RunRecorder(tmp_path, flush_every_s=None, resume=record_position(state), clock=lambda: 0.0)
     assert (again.ps.count, again.workers.count, again.counts["accepted"]) == (2, 2, 2)
     again.close({})
+
+
+def test_local_steps_and_their_losses_are_recorded_per_update_and_per_push_and_shown_in_tensorboard(tmp_path):
+    h = Harness(workers=2, protocol={"name": "local_sgd", "batch": 2, "local_steps": 2}, run_dir=tmp_path)
+    h.push(0, 4.0, samples=4, report=StepReport(local_steps=2, local_loss_sums=(6.0, 2.0)))  # losses 3, 1
+    h.push(1, 4.0, samples=4, report=StepReport(local_steps=2, local_loss_sums=(2.0, 2.0)))  # 1, 1
+    h.switch(name="bsp")
+    h.push(0, 1.0, samples=2)  # a gradient
+    h.push(1, 1.0, samples=2)
+    assert h.rec is not None
+    h.rec.close({})
+    assert column(tmp_path / "ps.csv", "local_steps") == ["4", "0"]
+    assert column(tmp_path / "workers.csv", "local_steps") == ["2", "2", "0", "0"]
+    assert column(tmp_path / "workers.csv", "local_losses") == ["3 1", "1 1", "", ""]
+    s = scalars(read_events(tmp_path / "tensorboard"))
+    assert s["train/inner_loss"] == [(0, 1.5)], "the mean of each push's mean local loss, at the version pulled"
+    assert s["train/outer_loss"] == [(0, 2.0)], "the first local step's: the loss at that version's values"

@@ -97,7 +97,7 @@ def start(tmp_path: Path, shards: int, workers: int = 2, protocol: dict | None =
     if layout.digest != LAYOUT.digest:
         return Sharded(ps, followers, servers, clients)
     for i, c in enumerate(clients):
-        if c.register(i, layout, 100).send_init:
+        if c.register(i, layout, 100, local_steps=True).send_init:
             c.init(i, layout, np.linspace(-1, 1, SIZE, dtype=np.float32))
     for i, c in enumerate(clients):
         c.pull(np.empty(SIZE, np.float32), worker=i, wait_initialized=True)
@@ -121,9 +121,11 @@ def make(tmp_path: Path) -> Iterator[Any]:
 
 
 def push(client: PSClient | ShardedClient, worker: int, step: int, grad: np.ndarray, version: int,
-         samples: int = 4) -> pb.PushReply:
+         samples: int = 4, local_steps: int = 0) -> pb.PushReply:
+    """``local_steps``: ``grad`` is what that many local steps moved (times ``samples``), not a gradient."""
     header = pb.PushHeader(worker=worker, base_version=version, samples=samples, layout_digest=LAYOUT.digest,
-                           session=7, stats=pb.StepStats(step=step))
+                           session=7, stats=pb.StepStats(step=step, local_steps=local_steps,
+                                                         local_loss_sums=[1.0] * local_steps))
     out = np.empty(SIZE, np.float32)
     return client.push(header, np.ascontiguousarray(grad, np.float32), out).reply
 
@@ -132,11 +134,11 @@ def grads(worker: int, step: int) -> np.ndarray:
     return np.random.default_rng(1000 * worker + step).normal(size=SIZE).astype(np.float32)
 
 
-def asp_rounds(s: Sharded, rounds: int) -> None:
+def asp_rounds(s: Sharded, rounds: int, local_steps: int = 0) -> None:
     version = 0
     for step in range(rounds):
         for w, c in enumerate(s.clients):
-            version = push(c, w, step, grads(w, step), version).order.version
+            version = push(c, w, step, grads(w, step), version, local_steps=local_steps).order.version
 
 
 def test_three_shards_apply_what_one_applies_bit_for_bit(make):
@@ -159,6 +161,16 @@ def test_three_shards_apply_what_one_applies_bit_for_bit(make):
         assert r["bytes_out"] == (1 + 2 + 24) * nbytes, "the init's reply, 2 pulls, 24 push replies"
         assert r["mean_apply_ms"] > 0 and r["parts_waiting"] == r["replies_held"] == 0
 
+
+def test_every_shard_steps_movements_with_its_outer_optimizer_and_gradients_with_the_runs(make):
+    diloco = {"name": "async_diloco", "local_steps": 2}  # outer: Nesterov; the run's: Adam
+    one, three = make(1, protocol=diloco), make(3, protocol=diloco)
+    asp_rounds(one, 6, local_steps=2)
+    asp_rounds(three, 6, local_steps=2)
+    assert np.array_equal(three.values(), one.values())
+    for store in (one.ps.store, three.ps.store, *(f.store for f in three.followers)):
+        assert store.optimizer.iterations == 0, "no gradient reached the run's optimizer"
+        assert [(o.name, o.iterations) for o in store.outer.made.values()] == [("nesterov", 12)]
 
 def test_a_part_refused_by_one_shard_is_refused_by_all_and_changes_no_shard(make):
     s = make(3, protocol={"name": "asp"})

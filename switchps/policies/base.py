@@ -43,6 +43,7 @@ class ClusterView:
     train_loss: float | None           # mean training loss over recent updates
     time_budget_s: float | None        # AMB's T, if in force
     epoch: float = 0.0                 # samples applied / training-set size
+    local_steps: int | None = None     # H, if the protocol in force takes local steps
 
 
 @dataclass(frozen=True)

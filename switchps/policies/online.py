@@ -155,7 +155,8 @@ class Anytime(_Detecting):
                 return None
             budget = self.factor * median(fast)
             self._left = s.protocol
-            params = {} if self.micro_batch is None else {"micro_batch": self.micro_batch}
+            params = ({} if self.micro_batch is None else {"micro_batch": self.micro_batch}) \
+                | ({} if s.local_steps is None else {"local_steps": s.local_steps})
             return Decision(f"stragglers {sorted(slow)}: {s.protocol} -> amb, T = {budget:.3g}s "
                             f"({self.factor:g} x median fast compute)", protocol="amb", params=params,
                             time_budget_s=budget)

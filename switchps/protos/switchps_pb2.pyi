@@ -59,20 +59,22 @@ class LocalSteps(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., batch: _Optional[int] = ..., inner_optimizer: _Optional[str] = ..., reset_inner_state: _Optional[bool] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker", "layout", "partition_size", "shard_partition", "framework", "device")
+    __slots__ = ("worker", "layout", "partition_size", "shard_partition", "framework", "device", "local_steps")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PARTITION_SIZE_FIELD_NUMBER: _ClassVar[int]
     SHARD_PARTITION_FIELD_NUMBER: _ClassVar[int]
     FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     worker: int
     layout: Layout
     partition_size: int
     shard_partition: str
     framework: str
     device: str
-    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., partition_size: _Optional[int] = ..., shard_partition: _Optional[str] = ..., framework: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    local_steps: bool
+    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., partition_size: _Optional[int] = ..., shard_partition: _Optional[str] = ..., framework: _Optional[str] = ..., device: _Optional[str] = ..., local_steps: _Optional[bool] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("send_init", "order", "num_workers")

@@ -1,7 +1,8 @@
 """Taking checkpoints of a running PS without stalling it, and continuing a PS from one.
 
 A checkpoint holds everything a PS needs to go on as if it had paused: the model's values (trainable
-and non-trainable), the optimizer's state (slots, iterations, learning-rate scale, momentum in force),
+and non-trainable), the optimizers' states (the run's: slots, iterations, learning-rate scale, momentum in force;
+each outer optimizer of local steps', which an older checkpoint lacks: none made yet),
 the core's state (version, samples, protocol in force and its round in flight, controller and policy
 state, batches, exclusions, SSP clocks, the receipts of pushes received), where each record file
 stands, the latest evaluation, and the run config it was made with (which a resume compares).
@@ -37,6 +38,7 @@ from switchps.config.run import CheckpointSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.ps_server import checkpoint
 from switchps.optim.optimizers import Optimizer
+from switchps.ps_server.outer import OuterOptimizers
 from switchps.ps_server.sums import Sums
 
 log = logging.getLogger("switchps.ps")
@@ -79,9 +81,13 @@ class Model(Protocol):
     @property
     def optimizer(self) -> Optimizer: ...
 
+    @property
+    def outer(self) -> OuterOptimizers: ...
+
     def control(self, change: Callable[[Optimizer], None]) -> None: ...
 
-    def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int) -> None: ...
+    def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int,
+                outer_state: dict | None = None) -> None: ...
 
 
 class Followers(Protocol):
@@ -138,12 +144,18 @@ def where_applied(parts: Parts, state: dict[str, Any], copy: Copy = lambda _, a:
     applied (on the gRPC driver's applier): values, optimizer state, open sums, and the ``ps.csv`` rows."""
     if parts.model is not None:
         state["values"] = copy("values", parts.model.values)
-        state["optimizer"] = {k: copy(k, v) if isinstance(v, np.ndarray) else v
-                              for k, v in parts.model.optimizer.state_dict(copy=False).items()}
+        state["optimizer"] = _copied(parts.model.optimizer.state_dict(copy=False), copy)
+        state["outer"] = {spec: _copied(d, copy, f"{spec}/")  # each local-steps outer optimizer's
+                          for spec, d in parts.model.outer.state_dict(copy=False).items()}
     if parts.sums is not None:
         state["sums"] = parts.sums.state_dict()
     if parts.record is not None:
         state["records"]["rows"]["ps"] = parts.record.ps_rows()
+
+
+def _copied(optimizer_state: dict, copy: Copy, prefix: str = "") -> dict:
+    """An optimizer's ``state_dict(copy=False)`` with its arrays copied (under ``prefix`` + their names)."""
+    return {k: copy(prefix + k, v) if isinstance(v, np.ndarray) else v for k, v in optimizer_state.items()}
 
 
 def compose(parts: Parts, now: float) -> dict[str, Any]:
@@ -159,7 +171,7 @@ def restore(parts: Parts, state: dict[str, Any], version: int, now: float, crash
     ``record_position(state)``, which it is built with."""
     if parts.model is not None:
         layout = pb.Layout.FromString(state["layout"].tobytes())
-        parts.model.restore(layout, state["values"], state["optimizer"], version)
+        parts.model.restore(layout, state["values"], state["optimizer"], version, state.get("outer"))
         if parts.clients is not None:
             parts.clients.layout = layout
     if parts.sums is not None:

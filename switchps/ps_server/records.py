@@ -24,10 +24,10 @@ from switchps.ps_server.core.events import StepReport
 from switchps.ps_server.tensorboard import TensorBoard
 from switchps.straggler_trace import TRACE_FILE_COLUMNS
 
-PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "staleness_max", "staleness_mean",
+PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "local_steps", "staleness_max", "staleness_mean",
               "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s", "pushes")
 WORKER_COLUMNS = ("time_s", "worker", "step", "base_version", "samples", "compute_s", "send_s",
-                  "wait_s", "sleep_s", "loss")
+                  "wait_s", "sleep_s", "loss", "local_steps", "local_losses")
 EVAL_COLUMNS = ("time_s", "version", "test_loss", "test_accuracy")
 FLUSHER = "switchps-record-flusher"
 """The name of a recorder's flush thread."""
@@ -89,10 +89,20 @@ def update_row(a: Apply) -> dict[str, Any]:
     members = a.aggregate.members
     b, staleness = [m.samples for m in members], [m.staleness for m in members]
     return dict(version=a.version, protocol=a.protocol, workers=";".join(str(m.worker) for m in members),
-                samples=sum(b), staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness),
+                samples=sum(b), local_steps=a.aggregate.local_steps, staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness),
                 train_loss=sum(m.loss_sum for m in members) / sum(b), b_min=min(b), b_mean=sum(b) / len(b),
                 b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s,
                 pushes=";".join(f"{m.worker}:{m.session}:{m.step}" for m in members))
+
+
+def local_losses(samples: int, stats: StepReport) -> str:
+    """workers.csv's ``local_losses``: each local step's mean loss, space-separated, in step order (the
+    first is the loss at the values pulled); each step took ``samples / local_steps`` of the push's samples.
+    Empty for a gradient."""
+    if not stats.local_steps:
+        return ""
+    per_step = samples / stats.local_steps
+    return " ".join(f"{s / per_step:.6g}" for s in stats.local_loss_sums)
 
 
 class RunRecorder:
@@ -151,7 +161,8 @@ class RunRecorder:
         now = self.now()
         self.worker_step(time_s=now, worker=worker, step=stats.step, base_version=base_version, samples=samples,
                          compute_s=stats.compute_s, send_s=stats.send_s, wait_s=stats.wait_s,
-                         sleep_s=stats.sleep_s, loss=stats.loss_sum / samples)
+                         sleep_s=stats.sleep_s, loss=stats.loss_sum / samples, local_steps=stats.local_steps,
+                         local_losses=local_losses(samples, stats))
         if self.trace is not None:
             self.straggler(time_s=now, worker=worker, step=stats.step, sleep_s=stats.delay_sleep_s,
                            factor=stats.delay_factor or 1.0, comm_s=stats.delay_comm_s)

@@ -21,6 +21,13 @@ the latest snapshot and a deferred snapshot's values; each ``Snapshot``'s ``_loc
 ``_idle`` is the condition "no item pending". Lock order: ``_writing``, ``lock``, a snapshot's
 ``_lock``; ``_idle`` is never held with another.
 
+Optimizers: a gradient's update steps the run's ``optimizer``, which ``control`` changes (the lr scale, the
+momentum, the state a switch keeps, resets or scales); an update of pushed movements (local steps,
+``actions.Apply.outer``) steps the outer optimizer its spec names (``outer.OuterOptimizers``: one per
+distinct spec, with its own state, kept across switches and in checkpoints), at its spec's learning rate
+times the update's ``lr_factor``, and ``control`` never touches it. Both are the writer's alone, like
+``values``.
+
 With ``threads`` > 1 (``runtime.ps_threads``), an item on the applier spreads its blocks over the store's
 ``lanes`` (a pool made once, the applier waiting meanwhile): an update's blocks, each chunk of the new
 version copied by the thread whose block completes it (``Snapshot.ready``), and a join's additions. The
@@ -43,6 +50,7 @@ from typing import Callable
 
 import numpy as np
 
+from switchps.config.optimizer import OptimizerSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import DEFAULT_CHUNK_BYTES, WHOLE_BYTES
 from switchps.protos.layout import trainable_size
@@ -50,6 +58,7 @@ from switchps.protos.wire_dtype import wire_nbytes
 from switchps.refusals import invalid, precondition
 from switchps.optim.lanes import SERIAL, Lanes
 from switchps.optim.optimizers import Optimizer, apply_update
+from switchps.ps_server.outer import OuterOptimizers
 from switchps.ps_server.receiving import BufferPool, Slots
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.sums import Sums
@@ -65,13 +74,14 @@ class _Update:
     lr_factor: float
     snapshot: Snapshot
     on_applied: Callable[[float], None] | None
+    outer: OptimizerSpec | None = None
 
 
 class ModelStore:
     """Holds the values and optimizer state; the one item running (see the module docstring) is the only writer.
 
     ``values`` is the whole vector (trainable parameters, then non-trainable
-    state); the optimizer sees only its first ``trainable`` elements.
+    state); the optimizers (the run's, ``outer``'s) see only its first ``trainable`` elements.
     """
 
     def __init__(self, make_optimizer: Callable[[int], Optimizer], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -91,6 +101,7 @@ class ModelStore:
         self.values = np.empty(0, np.float32)
         self.trainable = 0
         self.optimizer = make_optimizer(0)
+        self.outer = OuterOptimizers()
         self.buffers = BufferPool(0, workers + 1)
         self.initialized = False
         self.version = 0  # the newest version: its update may still be in the applier's queue
@@ -115,15 +126,19 @@ class ModelStore:
             self.values = values
             self.trainable = trainable_size(layout)
             self.optimizer = self._make_optimizer(self.trainable)
+            self.outer = OuterOptimizers(self.trainable)
             self.buffers = BufferPool(values.size, self.buffers.limit)
             self._latest = Snapshot.of(self.version, values, self.chunk_bytes, self.wire)
             self.initialized = True
 
-    def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int) -> None:
-        """Continue from a checkpoint: its values, optimizer state and version (before serving)."""
+    def restore(self, layout: pb.Layout, values: np.ndarray, optimizer_state: dict, version: int,
+                outer_state: dict | None = None) -> None:
+        """Continue from a checkpoint: its values, optimizer states and version (before serving); a
+        checkpoint from before outer optimizers has no ``outer_state``."""
         self.version = version
         self.initialize(layout, values)
         self.optimizer.load_state_dict(optimizer_state)
+        self.outer.load_state_dict(outer_state or {})
 
     def join(self, aggregate_id: int, grad: np.ndarray) -> None:
         """Queue a push's gradient to be added into an aggregate's sum (``sums``), in order with the updates."""
@@ -135,18 +150,18 @@ class ModelStore:
             self.recycle(freed)
 
     def submit(self, aggregate_id: int, samples: int, contributors: int = 1, lr_factor: float = 1.0,
-               on_applied: Callable[[float], None] | None = None) -> Snapshot:
+               on_applied: Callable[[float], None] | None = None, outer: OptimizerSpec | None = None) -> Snapshot:
         """Queue one update of an aggregate's sum; returns the new version's snapshot at once.
 
         The sum holds the summed gradient over ``samples`` followed by the sum of ``contributors``
         workers' state; the update applies their means and consumes the sum (its buffer returns to the
-        pool). ``on_applied(lr)`` runs where the update runs, before the snapshot's last chunk is
+        pool): with the run's optimizer, or, for movements, with ``outer``'s (the module docstring). ``on_applied(lr)`` runs where the update runs, before the snapshot's last chunk is
         published, so a reader that has the whole snapshot also sees the update recorded.
         """
         with self.lock:
             self.version += 1
             snap = self._latest = Snapshot(self.version, self.nbytes, self.chunk_bytes, self.lock, self.wire)
-        self._enqueue(_Update(aggregate_id, samples, contributors, lr_factor, snap, on_applied))
+        self._enqueue(_Update(aggregate_id, samples, contributors, lr_factor, snap, on_applied, outer))
         return snap
 
     def master(self) -> Snapshot:
@@ -236,14 +251,15 @@ class ModelStore:
             snap.ready(values, start, min(stop, last))
         lanes = self._lanes()
         threaded = lanes.parallel and not inline
-        for end in apply_update(self.optimizer, values, self.trainable, grad, u.samples, u.contributors,
+        optimizer = self.optimizer if u.outer is None else self.outer.get(u.outer)
+        for end in apply_update(optimizer, values, self.trainable, grad, u.samples, u.contributors,
                                 u.lr_factor, lanes, publish if threaded else None):
             if not (inline or threaded):  # one thread: this one, publishing as the blocks finish
                 snap.publish_until(values, min(end, last))
         self.buffers.put(grad)
         self.apply_s, self.applied = self.apply_s + time.perf_counter() - t0, self.applied + 1
         if u.on_applied:
-            u.on_applied(self.optimizer.last_lr)
+            u.on_applied(optimizer.last_lr)
         if not inline:
             snap.ready(values, min(last, self.trainable), values.size)
             return

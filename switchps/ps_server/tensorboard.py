@@ -4,7 +4,9 @@
 staleness, samples in the update and the protocol in force (its index in ``PROTOCOLS``, and a text
 entry at each change); per flush: samples/s; per worker step of workers 0 to 63 (step = the worker's
 step): its step time (a larger run's others are in workers.csv: ten thousand tags help nobody, and
-cost a simulation a tenth of its time); per evaluation: test accuracy and loss. A sharded PS's follower
+cost a simulation a tenth of its time); per model version that pushes of local steps started from (step =
+their ``base_version``), over those pushes in a flush: the inner loss (the mean of a push's local steps'
+losses) and the outer loss (its first local step's: the loss at that version's values); per evaluation: test accuracy and loss. A sharded PS's follower
 K writes ``tensorboard/shard-K/`` (``shard_scalars``). `tensorboard --logdir runs/` shows every run.
 
 The events are written in the flusher's own thread, straight to the file (``EventFile``): one event per
@@ -128,10 +130,15 @@ class TensorBoard:
     def steps(self, rows: list[tuple], columns: tuple[str, ...]) -> None:
         """Each worker step's time, from ``rows`` of ``columns`` (workers.csv's): one event per step number
         holding every worker's scalar for it, so a BSP round's N steps are one event, not N (events
-        dominated a 1,024-worker simulation's cost)."""
-        worker, step, compute, sleep = (columns.index(c) for c in ("worker", "step", "compute_s", "sleep_s"))
+        dominated a 1,024-worker simulation's cost); and the inner and outer losses of pushes of local steps,
+        one event per version they started from (the module docstring)."""
+        worker, step, compute, sleep, base, losses = (columns.index(c) for c in (
+            "worker", "step", "compute_s", "sleep_s", "base_version", "local_losses"))
         by_step: dict[int, list[Summary.Value]] = defaultdict(list)
+        by_version: dict[int, list[list[float]]] = defaultdict(list)
         for r in rows:
+            if r[losses]:
+                by_version[int(r[base])].append([float(x) for x in r[losses].split()])
             if int(r[worker]) >= WORKER_TAGS:
                 continue
             by_step[int(r[step])].append(Summary.Value(tag=f"workers/step_s/{r[worker]}",
@@ -139,6 +146,10 @@ class TensorBoard:
         now = time.time()
         for n, values in by_step.items():
             self.file.summary(values, n, now)
+        for v, pushes in by_version.items():
+            inner, outer = (sum(xs) / len(xs) for xs in ([sum(p) / len(p) for p in pushes], [p[0] for p in pushes]))
+            self.file.summary([Summary.Value(tag="train/inner_loss", simple_value=inner),
+                               Summary.Value(tag="train/outer_loss", simple_value=outer)], v, now)
 
     def evaluations(self, rows: list[tuple]) -> None:
         now = time.time()

@@ -25,6 +25,7 @@ from switchps.ps_server.core.actions import (Action, Apply, Count, Free, Join, R
 from switchps.ps_server.core.events import Push, StepReport, WorkOrder
 from switchps.ps_server.link import DuplexLink
 from switchps.optim.optimizers import Optimizer, adjust_optimizer, apply_update
+from switchps.ps_server.outer import OuterOptimizers
 from switchps.ps_server.records import RunRecorder
 from switchps.sim.learner import Learner, Score
 from switchps.sim.loop import Event, Loop
@@ -65,6 +66,7 @@ class Simulator:
         self._ids = 0
         self.random = StepRandom(cfg.seed)
         self._timer: tuple[float, Event] | None = None  # when the core's timer is armed, and its event
+        self.outer = OuterOptimizers(parts.learner.trainable)  # movements' optimizers (``Apply.outer``)
 
     def start(self) -> None:
         """Every worker registers at time 0, the model is initialized, and each worker pulls it."""
@@ -160,13 +162,14 @@ class Simulator:
         self.rec.count(a.what, a.reason)
 
     def apply(self, a: Apply) -> None:
-        """The aggregate's gradient sum, then the store's update rule, as version ``a.version``."""
+        """The aggregate's gradient sum, then the store's update rule, as version ``a.version``: with the run's
+        optimizer, or, for movements, with the outer one ``a.outer`` names (as the store's)."""
         works = [self.works.pop(i) for i in self.joined.pop(a.aggregate.id)]
         assert [w.worker for w in works] == [m.worker for m in a.aggregate.members], "joins are the members"
         grad = self.learner.gradient(works)
         for w in works:
             self.learner.done(w)
-        learner, opt = self.learner, self.parts.optimizer
+        learner, opt = self.learner, self.parts.optimizer if a.outer is None else self.outer.get(a.outer)
         for _ in apply_update(opt, learner.values, learner.trainable, grad, a.aggregate.samples, len(works),
                               a.lr_factor):
             pass

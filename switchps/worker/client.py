@@ -131,12 +131,14 @@ class PSClient:
         self.channel.close()
 
     def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True,
-                 shard_partition: str = "", framework: str = "", device: str = "") -> pb.RegisterReply:
+                 shard_partition: str = "", framework: str = "", device: str = "",
+                 local_steps: bool = False) -> pb.RegisterReply:
         """Register (again, after an outage: ``wait=False`` fails at once if the PS is still down), saying
-        which framework computes, on which device (the PS refuses a second framework)."""
+        which framework computes, on which device (the PS refuses a second framework), and whether the
+        caller's loop can take local steps (the PS refuses one that cannot while they are in force)."""
         return self._register(pb.RegisterRequest(worker=worker, layout=layout, partition_size=partition_size,
                                                  shard_partition=shard_partition, framework=framework,
-                                                 device=device),
+                                                 device=device, local_steps=local_steps),
                               timeout=self.timeout_s, wait_for_ready=wait,
                               metadata=self._md)
 

@@ -38,12 +38,14 @@ class Session:
     """Worker ``index`` of the run ``cfg`` describes, registered with ``layout`` (``size`` float32 values)
     and ``partition_size`` training samples (what ``train.epochs`` counts); ``read`` gives the initial
     values if the PS asks for them. ``framework`` and ``device`` are said at registration: the PS refuses a
-    worker of another framework than the run's. Used from one thread; between ``send`` and ``receive`` the
+    worker of another framework than the run's; so is ``local_steps``, whether the caller's loop obeys a
+    work order's local steps (the built-in worker loop does, a user's own loop does not), and the PS refuses
+    one that does not while the protocol in force has them. Used from one thread; between ``send`` and ``receive`` the
     push runs on the session's thread, and the caller touches nothing of the session but ``receive``."""
 
     def __init__(self, cfg: RunConfig, index: int, layout: pb.Layout, size: int, partition_size: int,
                  read: Callable[[], np.ndarray], *, framework: str, device: str,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, local_steps: bool = False) -> None:
         layout = with_wire(layout, cfg.runtime.wire_dtype)  # what the PS checks at registration
         self.index, self.layout = index, layout
         self.clock = clock or RealClock()
@@ -51,7 +53,8 @@ class Session:
                               client_security(cfg, "worker", index))
 
         def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
-            if self.client.register(index, layout, partition_size, wait, framework=framework, device=device).send_init:  # the PS has no model yet
+            if self.client.register(index, layout, partition_size, wait, framework=framework, device=device,
+                                    local_steps=local_steps).send_init:  # the PS has no model yet
                 self.client.init(index, layout, read())
             if cfg.runtime.shared_memory and self.client.attach(index, wire_nbytes(size, cfg.runtime.wire_dtype)):
                 log.info("worker %d: pushes through shared memory (the PS is on this host)%s", index,

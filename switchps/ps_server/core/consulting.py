@@ -83,7 +83,8 @@ def cluster_view(r: Recent, m: Membership, version: int, samples: int, protocol:
         version=version, time_s=time_s, progress=progress, protocol=protocol, num_workers=m.num_workers,
         active=frozenset(m.active), excluded=frozenset(m.excluded), workers=worker_stats(r),
         batches={w: b.samples for w, b in budgets.items() if w >= 0}, train_loss=train_loss(r),
-        time_budget_s=budgets[-1].time_budget_s, epoch=samples / (sum(m.registered.values()) or 1))
+        time_budget_s=budgets[-1].time_budget_s, epoch=samples / (sum(m.registered.values()) or 1),
+        local_steps=local.steps if (local := budgets[-1].local) else None)
 
 
 class Consulting:

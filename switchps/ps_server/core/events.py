@@ -59,9 +59,9 @@ class StepReport:
     local_steps: int = 0
     """The local steps behind the push (0: it is a gradient)."""
     overlapped: bool = False
+    """Computed while the worker's previous push was in flight (``runtime.pipeline_depth`` 1)."""
     local_loss_sums: tuple[float, ...] = ()
     """Each local step's loss, summed over its samples."""
-    """Computed while the worker's previous push was in flight (``runtime.pipeline_depth`` 1)."""
 
 
 @dataclass(eq=False)
@@ -96,6 +96,8 @@ class Membership:
     excluded: set[int] = field(default_factory=set)
     last_seen: dict[int, float] = field(default_factory=dict)
     """When each worker last registered or pushed (an SSP laggard's deadline counts from it)."""
+    gradients_only: set[int] = field(default_factory=set)
+    """Workers whose loop cannot take local steps (a user's own), as they said when they registered."""
 
 
 @dataclass(frozen=True)

@@ -57,11 +57,14 @@ class Lifecycle:
         if base_version < 0 or (base_version > version and not self.resumed):
             raise invalid("version", f"base version {base_version} is not in [0, {version}]")
 
-    def register(self, worker: int, partition_size: int, now: float, version: int) -> list[Record]:
-        """A worker registers (again, after a restart: it rejoins); ``Rejected`` unless it is plausible."""
+    def register(self, worker: int, partition_size: int, now: float, version: int,
+                 local_steps: bool = True) -> list[Record]:
+        """A worker registers (again, after a restart: it rejoins), saying whether it can take local steps;
+        ``Rejected`` unless it is plausible."""
         self.check_register(worker, partition_size)
         rejoin = worker in self.members.registered
         self.members.registered[worker] = partition_size
+        (self.members.gradients_only.discard if local_steps else self.members.gradients_only.add)(worker)
         self.members.last_seen[worker] = now
         self.first_register = now if self.first_register is None else self.first_register  # 0.0 is a time
         return self.activate(worker, "worker_rejoined" if rejoin else "worker_joined", version)
@@ -134,6 +137,7 @@ class Lifecycle:
         m = self.members
         return {"registered": {str(w): n for w, n in m.registered.items()}, "active": sorted(m.active),
                 "excluded": sorted(m.excluded), "last_seen": {str(w): t - now for w, t in m.last_seen.items()},
+                "gradients_only": sorted(m.gradients_only),
                 "initialized": self.initialized, "first_register": relative(self.first_register, now),
                 "started_at": relative(self.started_at, now), "finished_at": relative(self.finished_at, now)}
 
@@ -142,6 +146,7 @@ class Lifecycle:
         m.registered = {int(w): int(n) for w, n in d["registered"].items()}
         m.active, m.excluded = set(d["active"]), set(d["excluded"])
         m.last_seen = {int(w): now + t for w, t in d["last_seen"].items()}
+        m.gradients_only = set(d.get("gradients_only", ()))  # a checkpoint from before local steps has none
         self.initialized = d["initialized"]
         self.first_register, self.started_at = absolute(d["first_register"], now), absolute(d["started_at"], now)
         self.finished_at = absolute(d["finished_at"], now)

@@ -30,6 +30,7 @@ from switchps.ps_server.core.outbox import Outbox
 from switchps.ps_server.core.switching import Pending, Switching
 from switchps.ps_server.core.actions import Action, Record, Release
 from switchps.ps_server.core.events import Effect, Membership, Push, StepReport, WorkOrder
+from switchps.refusals import precondition
 
 
 class Part(Protocol):
@@ -108,9 +109,16 @@ class Core:
         """When ``timer`` should next be called, if ever."""
         return self.lifecycle.next_timer(self.switching.protocol.rule)
 
-    def check_register(self, worker: int, partition_size: int) -> None:
-        """Raise ``Rejected`` unless a worker index and partition size are plausible."""
+    def check_register(self, worker: int, partition_size: int, local_steps: bool = True) -> None:
+        """Raise ``Rejected`` unless a worker index and partition size are plausible, and the worker can take
+        local steps if the protocol in force has them."""
         self.lifecycle.check_register(worker, partition_size)
+        pending = self.switching.pending  # a switch waiting for its round is as good as in force
+        spec = pending.new if pending is not None and pending.new.local else self.spec
+        if not local_steps and spec.local:
+            raise precondition("local_steps", f"worker {worker}'s training loop cannot take local steps, which "
+                                              f"the protocol {'in force' if spec is self.spec else 'switched to'} "
+                                              f"({spec.name}) asks for")
 
     def check_push(self, worker: int, samples: int, base_version: int, report: StepReport, now: float,
                    session: int = 0) -> None:
@@ -124,9 +132,10 @@ class Core:
 
     # ---- events -----------------------------------------------------------------------------
 
-    def register(self, worker: int, partition_size: int, now: float) -> list[Action]:
+    def register(self, worker: int, partition_size: int, now: float, local_steps: bool = True) -> list[Action]:
         """A worker registers (again, after a restart: it rejoins). Raises ``Rejected`` for a bad one."""
-        self.outbox.add(self.lifecycle.register(worker, partition_size, now, self.version))
+        self.check_register(worker, partition_size, local_steps)
+        self.outbox.add(self.lifecycle.register(worker, partition_size, now, self.version, local_steps))
         self._maybe_start(now)
         return self._flush(now)
 

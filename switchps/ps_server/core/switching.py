@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from pydantic import ValidationError
 
 from switchps.config.optimizer import OptimizerSpec
-from switchps.config.protocol import AVERAGING, ProtocolSpec, carried, protocol_spec, saved_spec
+from switchps.config.protocol import AVERAGING, ProtocolSpec, carried, member, protocol_spec, saved_spec
 from switchps.config.policy import SwitchSpec
 from switchps.policies.base import Decision
 from switchps.ps_server.core.actions import Action, Apply, Record, SetOptimizer
@@ -26,6 +26,9 @@ from switchps.ps_server.core.events import Batches, Effect, Membership, Update
 from switchps.ps_server.core.overhead import SwitchRecord
 from switchps.ps_server.core.protocols import make_protocol
 from switchps.ps_server.core.rescale import ramp, rescaled, restore_factor
+
+LOCAL_FIELDS = frozenset({"local_steps", "inner_optimizer", "inner_state", "outer_optimizer"})
+"""A spec's local-steps fields, which a switch keeps only under the same name (``Switching.respec``)."""
 
 
 class Pending(NamedTuple):
@@ -82,19 +85,29 @@ class Switching:
         except ValidationError as err:
             return None, [Record("decision_rejected", {"policy": policy, "reason": d.reason,
                                                        "error": str(err.errors()[0]["msg"])})]
+        if new.local and self.members.gradients_only:
+            return None, [Record("decision_rejected", {"policy": policy, "reason": d.reason, "error":
+                                 f"workers {sorted(self.members.gradients_only)} cannot take local steps"})]
         return self.request(Pending(new, d.reason, policy, now)), []
 
     def respec(self, update: dict[str, Any]) -> ProtocolSpec:
         """The spec a switch to ``update`` (a name, fields) puts in force: the fields its member shares with
-        the spec in force (local steps keep the inner and outer optimizers in force, so DiLoCo's AdamW stays
-        when anytime local SGD takes over), then those given for it (``targets``), then ``update``'s; a field
-        its member does not take is an error (``pydantic.ValidationError``)."""
+        the spec in force, then those given for it (``targets``), then ``update``'s; a field its member does
+        not take is an error (``pydantic.ValidationError``). Local steps are a name's: they go on across a
+        switch from local steps to a name that takes them by default (local_sgd -> async_local_sgd) or to
+        one the switch gives them (diloco -> amb with ``local_steps``: anytime local SGD), with the inner and
+        outer optimizers in force (DiLoCo's AdamW stays); else the new name's own apply (bsp's None would make
+        local_sgd a gradient's, and local_sgd's H would give bsp local steps)."""
         name = update.get("name", self.spec.name)
+        given = {**self.targets.get(name, {}), **update}
         kept = carried(self.spec.model_dump(), name)
-        if self.spec.local and name != self.spec.name:  # the optimizers in force, not the old name's defaults
-            kept |= {"inner_optimizer": self.spec.inner(self.optimizer).model_dump(),
-                     "outer_optimizer": self.spec.outer().model_dump()}
-        return protocol_spec({**kept, **self.targets.get(name, {}), **update})
+        if name != self.spec.name:
+            if self.spec.local and (member(name).model_fields["local_steps"].default or "local_steps" in given):
+                kept |= {"inner_optimizer": self.spec.inner(self.optimizer).model_dump(),
+                         "outer_optimizer": self.spec.outer().model_dump()}
+            else:
+                kept = {k: v for k, v in kept.items() if k not in LOCAL_FIELDS}
+        return protocol_spec({**kept, **given})
 
     def request(self, sw: Pending) -> Pending | None:
         """A switch decided: the one to make now, or None if it changes nothing or waits, as ``pending``,

@@ -42,7 +42,7 @@ class StoreExecutor:
     def apply(self, a: Apply) -> None:
         agg = a.aggregate
         snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor,
-                                 on_applied=partial(self.rec.update, a))
+                                 on_applied=partial(self.rec.update, a), outer=a.outer)
         assert snap.version == a.version, "the store and the core count versions alike"
         VERSION.set(a.version)
 

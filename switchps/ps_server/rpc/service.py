@@ -164,12 +164,12 @@ class ParameterServer:
             req = parse(body, pb.RegisterRequest)
             as_worker(self.guard, ctx, req.worker, "Register")
             check_layout(req.layout, self.max_model_bytes)
-            self.core.check_register(req.worker, req.partition_size)
+            self.core.check_register(req.worker, req.partition_size, req.local_steps)
             first = self.layout is None
             framework = same_framework(req, self.framework)
             same_wire(req, self.store.wire)
             self.layout = self.admission.adopt(req, self.layout)
-            actions = self.core.register(req.worker, req.partition_size, self.clock())
+            actions = self.core.register(req.worker, req.partition_size, self.clock(), req.local_steps)
         except Rejected as r:
             await self._reject(ctx, "register", r)
         self.framework = framework

@@ -45,6 +45,7 @@ def capture(store: ModelStore) -> dict[str, Any]:
     return {"layout": np.frombuffer(store.layout.SerializeToString(), np.uint8), "values": store.values.copy(),
             "optimizer": {k: v.copy() if isinstance(v, np.ndarray) else v
                           for k, v in store.optimizer.state_dict(copy=False).items()},
+            "outer": store.outer.state_dict(),
             "sums": store.sums.state_dict()}
 
 
@@ -85,7 +86,7 @@ def restore_part(store: ModelStore, directory: Path, version: int, digest: str) 
     except checkpoint.CheckpointError as e:
         raise ValueError(f"{path}: {e}") from None
     layout = pb.Layout.FromString(state["layout"].tobytes())
-    store.restore(layout, state["values"], state["optimizer"], version)
+    store.restore(layout, state["values"], state["optimizer"], version, state.get("outer"))
     store.sums.load_state_dict(state["sums"])
     return layout
 

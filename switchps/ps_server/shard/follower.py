@@ -171,7 +171,7 @@ class Follower:
 
     def apply(self, a: Apply) -> None:
         agg = a.aggregate
-        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor)
+        snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor, outer=a.outer)
         assert snap.version == a.version, "every shard counts versions alike"
         self._note_applied()
 
