@@ -89,7 +89,7 @@ class Worker:
                                  cfg.device.samples_per_s, ps.clock)
         self.stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index,
                                             num_workers=cfg.cluster.num_workers)
-        self.local = LocalRunner(self.runner, gc)
+        self.local: LocalRunner | None = None  # made by the first order for local steps
         self.started = ps.received_at
         self.intervals = 0
         """Compute intervals so far (gradient steps and local steps): the straggler plan's step number."""
@@ -112,9 +112,10 @@ class Worker:
         from where a step's payload is, waited for; then the model runs at the reply's values, or back at
         the start's if the reply brings none."""
         ps, order = self.ps, self.ps.order
+        local = self.local = self.local or LocalRunner(self.runner, self.gc)
         start = self.staged if self.staged is not None else self.gc.read()
-        r = self.local.run(order, self.local.spec(order.local.inner_optimizer), order.local.reset_inner_state,
-                           ps.received_at, start, lambda: self._plan(ps.clock.now()), ps.payload_area)
+        r = local.run(order, local.spec(order.local.inner_optimizer), order.local.reset_inner_state, ps.received_at,
+                      start, lambda: self._plan(ps.clock.now()), ps.payload_area)
         reply = ps.push(r.payload, r.samples, self.params, **_local_stats(r.taken))
         if reply.fresh:
             self._stage(reply)
