@@ -22,11 +22,15 @@ SGD, ADAMW = {"name": "sgd", "learning_rate": 0.05}, {"name": "adamw", "learning
 PROTOCOLS = [{"name": "bsp", "batch": B, "local_steps": None},
              *({"name": name, "batch": B, "local_steps": H, "inner_optimizer": inner}
                for name, inner in (("local_sgd", SGD), ("diloco", ADAMW), ("async_local_sgd", SGD),
-                                   ("async_diloco", ADAMW)))]
-"""What a switch to each protocol puts in force."""
-PHASES = [("bsp", 2), ("local_sgd", 3), ("bsp", 2), ("diloco", 3), ("async_local_sgd", 4), ("async_diloco", 4)]
+                                   ("async_diloco", ADAMW))),
+             {"name": "amb", "batch": B, "time_budget_s": 0.025, "local_steps": H, "inner_optimizer": SGD}]
+"""What a switch to each protocol puts in force; amb with local steps is anytime local SGD."""
+PHASES = [("bsp", 2), ("local_sgd", 3), ("bsp", 2), ("diloco", 3), ("amb", 3), ("async_local_sgd", 4),
+          ("async_diloco", 4)]
 """Updates per phase: gradients, then local steps and back (nothing lost), then each local name in turn; the
 schedule is asked after each update, and a switch waits for the round in flight."""
+DEVICE = {"samples_per_s": 1600}
+"""An emulated device: a local step of B samples takes 10 ms, so anytime local SGD's T of 25 ms fits about 3."""
 
 
 def config(tmp_path: Path, framework: str, protocol: dict[str, Any], steps: int, **more: Any) -> str:
@@ -57,7 +61,8 @@ def test_each_local_protocol_trains_between_live_switches_with_every_push_of_h_l
     policy = {"name": "schedule", "every_k": 1, "protocols": PROTOCOLS,
               "kwargs": {"unit": "steps", "phases": [{p: n} for p, n in PHASES]}}
     steps = sum(n for _, n in PHASES)
-    proc, run_dir = run(tmp_path, config(tmp_path, framework, {"name": "bsp", "batch": B}, steps, policy=policy),
+    proc, run_dir = run(tmp_path, config(tmp_path, framework, {"name": "bsp", "batch": B}, steps, policy=policy,
+                                          device=DEVICE),
                         timeout=300)
     assert proc.returncode == 0 and run_dir is not None, proc.stderr[-3000:]
     summary = check_run_dir(run_dir, framework, model_file(framework))
@@ -69,6 +74,9 @@ def test_each_local_protocol_trains_between_live_switches_with_every_push_of_h_l
     for r in updates:  # a switch waits for the round in flight: no push of the other kind joins an update
         if r["protocol"] == "bsp":
             assert int(r["b_min"]) == int(r["b_max"]) == B, r
+        elif r["protocol"] == "amb":  # as many whole local steps as started within T: at least one, at most H
+            assert int(r["b_min"]) % B == int(r["b_max"]) % B == 0 and B <= int(r["b_min"]) <= int(r["b_max"]) <= H * B
+            assert len(r["workers"].split(";")) == 2, r
         else:
             check_local(r)
     applied = sum(len(r["pushes"].split(";")) for r in updates)
