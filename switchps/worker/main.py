@@ -25,6 +25,10 @@ k is in flight (it reads its payload and may write its reply buffer and the segm
 
 An order without ``pipeline`` (a switch to a round protocol) ends it: the step computed meanwhile is pushed
 at once, as a stale push the PS's rules judge and count, and the worker pushes and waits again.
+
+An order with ``local`` (local SGD, DiLoCo, any protocol with ``local_steps``; never ``pipeline``) is obeyed
+by a round of local steps (``worker.local_steps``): the worker pushes what its private copy of the model moved
+instead of a gradient, and waits. Orders switch between the two kinds at any step, in either direction.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from switchps.protos import wire_dtype
 from switchps.protos.codec import COPIES
 from switchps.straggler_trace import StepDelays
 from switchps.worker.client import Reply
+from switchps.worker.local_steps import LocalRunner, Taken
 from switchps.worker.session import Session
 from switchps.workload.data import share, share_size
 from switchps.workload.frameworks import Computer, framework
@@ -62,7 +67,9 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         log.info("worker %d: %d samples, model v%d", index, gc.samples, reply.order.version)
         worker = Worker(cfg, index, gc, ps, params)
         while not ps.order.stop:
-            if cfg.runtime.pipeline_depth and ps.order.pipeline:
+            if ps.order.HasField("local"):
+                worker.local_round()
+            elif cfg.runtime.pipeline_depth and ps.order.pipeline:
                 worker.overlapped()
             else:
                 worker.step()
@@ -82,7 +89,10 @@ class Worker:
                                  cfg.device.samples_per_s, ps.clock)
         self.stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index,
                                             num_workers=cfg.cluster.num_workers)
+        self.local: LocalRunner | None = None  # made by the first order for local steps
         self.started = ps.received_at
+        self.intervals = 0
+        """Compute intervals so far (gradient steps and local steps): the straggler plan's step number."""
         self.warned: set[str] = set()
         self.staged: np.ndarray | None = None
         """The values the model runs at, read in place (None: assigned into the model, read from nowhere)."""
@@ -93,9 +103,24 @@ class Worker:
         """One step as without overlap: the payload written where the push sends it from, pushed, waited for."""
         ps = self.ps
         self.gc.payload_to = ps.payload_area
-        s, delays = self._compute(ps.order, ps.step, ps.received_at)
+        s, delays = self._compute(ps.order, ps.received_at)
         reply = ps.push(s.grad, s.samples, self.params, **_stats(s, delays, overlapped=False))
         self._stage(reply)
+
+    def local_round(self) -> None:
+        """A round of local steps from the values the model runs at (``local_steps``), its movement pushed
+        from where a step's payload is, waited for; then the model runs at the reply's values, or back at
+        the start's if the reply brings none."""
+        ps, order = self.ps, self.ps.order
+        local = self.local = self.local or LocalRunner(self.runner, self.gc)
+        start = self.staged if self.staged is not None else self.gc.read()
+        r = local.run(order, local.spec(order.local.inner_optimizer), order.local.reset_inner_state, ps.received_at,
+                      start, lambda: self._plan(ps.clock.now()), ps.payload_area)
+        reply = ps.push(r.payload, r.samples, self.params, **_local_stats(r.taken))
+        if reply.fresh:
+            self._stage(reply)
+        else:
+            self._stage_at(start)
 
     def overlapped(self) -> None:
         """Steps while the orders say ``pipeline``, each computed while the previous one's push is in flight;
@@ -106,14 +131,14 @@ class Worker:
             self.grads = self._payload_buffer(), self._payload_buffer()
         order, base = ps.order, ps.order.version  # ``base``: the version of the values the model runs at
         self.gc.payload_to = self.grads[0]
-        s, delays = self._compute(order, ps.step, ps.received_at)
+        s, delays = self._compute(order, ps.received_at)
         its_base, overlapped, i = base, False, 0
         while True:
             into = self._unstaged()
             ps.send(s.grad, s.samples, into, base_version=its_base, **_stats(s, delays, overlapped))
             i ^= 1
             self.gc.payload_to = self.grads[i]
-            s, delays = self._compute(order, ps.step + 1, clock.now())
+            s, delays = self._compute(order, clock.now())
             reply = ps.receive(since=clock.now())
             self._stage(reply, into)
             order, its_base, overlapped, base = reply.order, base, True, reply.order.version
@@ -130,12 +155,19 @@ class Worker:
         wide = self.gc.buffer()  # a narrow buffer in its memory: page-locked once, not at every step's copy
         return wide if self.wire == "float32" else wide.view(wire_dtype.STORAGE[self.wire])[: self.gc.size]
 
-    def _compute(self, order: pb.WorkOrder, step: int, received_at: float) -> tuple[Step, StepDelays]:
-        """Step number ``step`` under ``order``, received (or, overlapping, started) at ``received_at``."""
-        delays = self.stragglers.plan(step, received_at - self.started)
+    def _compute(self, order: pb.WorkOrder, received_at: float) -> tuple[Step, StepDelays]:
+        """A step under ``order``, received (or, overlapping, started) at ``received_at``."""
+        delays = self._plan(received_at)
         s = self.runner.run(order, received_at, delays)
         _warn_once(self.warned, self.index, s, order, self.stragglers)
         return s, delays
+
+    def _plan(self, t: float) -> StepDelays:
+        """The straggler delays of the next compute interval, which starts at ``t``: each gradient step and
+        each local step is one (without local steps, the push's step number)."""
+        delays = self.stragglers.plan(self.intervals, t - self.started)
+        self.intervals += 1
+        return delays
 
     def _stage(self, reply: Reply, into: np.ndarray | None = None) -> None:
         """Run the model at a fresh reply's values (loaded inside the next step's gradient call, counted in its
@@ -184,6 +216,14 @@ def _stats(s: Step, delays: StepDelays, overlapped: bool) -> dict[str, Any]:
     return dict(compute_s=s.compute_s, sleep_s=s.sleep_s, loss_sum=s.loss_sum, delay_sleep_s=delays.sleep_s,
                 delay_factor=delays.factor, delay_comm_s=delays.comm_s, batch_exhausted=s.exhausted,
                 overlapped=overlapped)
+
+
+def _local_stats(t: Taken) -> dict[str, Any]:
+    """A round of local steps' statistics, as its push reports them."""
+    d = t.report()
+    return dict(compute_s=t.compute_s, sleep_s=t.sleep_s, loss_sum=sum(t.loss_sums), delay_sleep_s=d.sleep_s,
+                delay_factor=d.factor, delay_comm_s=d.comm_s, batch_exhausted=t.exhausted, overlapped=False,
+                local_steps=t.count, local_loss_sums=t.loss_sums)
 
 
 def _computer(cfg: RunConfig, index: int) -> tuple[Computer, int]:

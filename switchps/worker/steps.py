@@ -156,15 +156,16 @@ class StepRunner:
         self.samples_per_s = samples_per_s
         self.clock = clock or RealClock()
 
-    def _sleep(self, seconds: float) -> float:
+    def sleep(self, seconds: float) -> float:
+        """Sleep ``seconds`` on the clock (none if not positive); the seconds slept."""
         if seconds > 0:
             self.clock.sleep(seconds)
         return max(seconds, 0.0)
 
     def run(self, order: Order, received_at: float, delays: StepDelays) -> Step:
         """The step, with its straggler sleep first (inside T) and its communication delay last."""
-        step = self._compute(order, received_at, delays, self._sleep(delays.sleep_s))
-        step.sleep_s += self._sleep(delays.comm_s)
+        step = self._compute(order, received_at, delays, self.sleep(delays.sleep_s))
+        step.sleep_s += self.sleep(delays.comm_s)
         return step
 
     def _compute(self, order: Order, received_at: float, delays: StepDelays, slept: float) -> Step:
@@ -181,8 +182,8 @@ class StepRunner:
             self.gc.accumulate(rows)
             took = self.clock.now() - t0
             if self.samples_per_s is not None:
-                took += self._sleep(len(rows) / self.samples_per_s - took)
-            slept += self._sleep((delays.factor - 1.0) * took)
+                took += self.sleep(len(rows) / self.samples_per_s - took)
+            slept += self.sleep((delays.factor - 1.0) * took)
             compute += took
             budget.done += len(rows)
         exhausted = budget.exhausted(self.clock.now())

@@ -42,6 +42,10 @@ from switchps.workload.data import configured_dataset, share_size
 from switchps.workload.torch.weights import FlatParams, copy_all, host_tensor
 
 
+class LocalStepsRefused(RuntimeError):
+    """A work order asks for local steps (``protocol.local_steps``), which a user's own loop does not take."""
+
+
 class Worker:
     """One worker of a run, training ``model`` (on one device) in the caller's loop; made by ``join``, it
     starts from the PS's values."""
@@ -72,7 +76,16 @@ class Worker:
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """This step's micro-batches from ``loader`` (its batches cut to the work order's micro-batch and
-        sample budget; under AMB, they end when the time budget does, after at least one)."""
+        sample budget; under AMB, they end when the time budget does, after at least one). An order for local
+        steps cannot be obeyed here: it raises ``LocalStepsRefused``."""
+        order = self.session.order
+        if order.HasField("local"):
+            raise LocalStepsRefused(
+                f"the PS's work order asks for local steps (protocol {order.protocol!r} with protocol.local_steps "
+                f"{order.local.steps}): a worker takes {order.local.steps} steps with its own inner optimizer, "
+                "then pushes what its model moved, and a loop of your own (switchps.worker.torch_loop) pushes "
+                "gradients; run switchps workers (switchps worker/run) for local SGD and DiLoCo, or a protocol "
+                "without local_steps")
         if self._batches is None or self._batches.loader is not loader:
             self._batches = Batches(loader)
         self._budget = Budget.of(self.session.order, self.session.received_at)
