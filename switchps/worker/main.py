@@ -59,7 +59,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     gc, n = _computer(cfg, index)
     gc.warm_up(cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     ps = Session(cfg, index, gc.weights.layout(), gc.size, share_size(n, index, cfg.cluster.num_workers), gc.read,
-                 framework=cfg.model.framework, device=str(gc.device))
+                 framework=cfg.model.framework, device=str(gc.device), local_steps=True)
     try:
         params = gc.buffer()  # the framework reads the values a reply leaves here in place (as a segment's)
         reply = ps.pull(params)
