@@ -19,6 +19,7 @@ from harness import Harness
 from switchps.closed_forms import (
     amb_mean_batch, amb_update_s, amb_update_sd, asp_mean_staleness, backup_late_finish_moments,
     backup_late_finish_update_s, backup_update_s, bsp_update_s, bsp_update_sd, harmonic, kasync_update_s,
+    local_sgd_round_s, local_sgd_round_sd,
 )
 from switchps.config.protocol import MEMBERS
 from switchps.config.run import RunConfig
@@ -126,6 +127,31 @@ def test_amb_mean_batch_by_brute_force() -> None:
         brute = n * (1 + np.where(x > c, -np.expm1(-mu * np.maximum(x - c, 0)), 0.0).sum())
         assert amb_mean_batch(n, c, mu, budget, micro, micro_batch=1) == pytest.approx(brute, rel=1e-9)
     assert amb_mean_batch(4, 0.0, 1.0, 1.0, 0.1, micro_batch=8) == 8 * amb_mean_batch(4, 0.0, 1.0, 1.0, 0.1)
+
+
+def test_local_sgd_round_known_values() -> None:
+    """H = 1 is BSP; one worker waits for its own H steps, H (c + 1/mu); two workers' max of Erlang(2) times:
+    E[max] = 2 E - E[min], and P(min > s) = ((1 + mu s) e^(-mu s))^2 integrates to 5 / (4 mu)."""
+    for n in (1, 8, 1024):
+        assert local_sgd_round_s(n, 1, 0.5, 2.0) == pytest.approx(bsp_update_s(n, 0.5, 2.0), rel=1e-9)
+        assert local_sgd_round_sd(n, 1, 2.0) == pytest.approx(bsp_update_sd(n, 2.0), rel=1e-6)
+    assert local_sgd_round_s(1, 16, 0.5, 2.0) == pytest.approx(16 * (0.5 + 0.5), rel=1e-9)
+    assert local_sgd_round_sd(1, 16, 2.0) == pytest.approx(4 / 2.0, rel=1e-6)
+    assert local_sgd_round_s(2, 2, 0.0, 1.0) == pytest.approx(2 * 2 - 5 / 4, rel=1e-9)
+    for bad in (lambda: local_sgd_round_s(8, 0, 0.5, 1.0), lambda: local_sgd_round_s(0, 4, 0.5, 1.0),
+                lambda: local_sgd_round_sd(8, 4, 0.0)):
+        with pytest.raises(ValueError):
+            bad()
+
+
+@pytest.mark.parametrize("n", [8, 256, 1024])
+def test_local_sgd_round_monte_carlo(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for h in (1, 4, 16):
+        rounds = (h * 0.5 + rng.gamma(h, 1.0, (max(2000, 400_000 // n), n))).max(axis=1)
+        se = rounds.std() / math.sqrt(len(rounds))
+        assert abs(rounds.mean() - local_sgd_round_s(n, h, 0.5, 1.0)) < 4 * se, (n, h)
+        assert rounds.std() == pytest.approx(local_sgd_round_sd(n, h, 1.0), rel=0.05), (n, h)
 
 
 @dataclass
