@@ -275,7 +275,7 @@ def core_simulator(cfg: RunConfig, run_dir: Path, *, time_only: bool, quiet: boo
     return {"simulated": True}
 
 
-@pytest.mark.parametrize("case", ["bsp", "backup", "kasync", "asp", "amb"])
+@pytest.mark.parametrize("case", ["bsp", "backup", "kasync", "asp", "amb", "local_sgd4"])
 def test_bench_configs_validate(bench: ModuleType, case: str, tmp_path: Path) -> None:
     for n in (8, 1024):
         plan = bench.plan(case, n, 0.005)
@@ -295,8 +295,14 @@ def test_bench_plans_enough_updates(bench: ModuleType) -> None:
     assert bench.plan("kasync", 64, 0.005).updates == 2500  # Gamma(16, N mu): cv 1/4
     amb = bench.plan("amb", 64, 0.005)  # at most max_batch samples: never cut before T
     assert amb.protocol["max_batch"] > amb.reference["time_budget_s"] / amb.reference["micro_batch_s"] + 1
-    with pytest.raises(ValueError, match="unknown case"):
-        bench.plan("gossip", 8, 0.005)
+    local = bench.plan("local_sgd16", 1024, 0.005)  # H = 16 local steps a round, each 0.5 + Exp(1) s
+    assert local.protocol == {"name": "local_sgd", "local_steps": 16} and local.pushes_per_update == 16 * 1024
+    assert local.expected["seconds_per_update"] == pytest.approx(local_sgd_round_s(1024, 16, 0.5 + 1e-9, 1.0))
+    cv = local_sgd_round_sd(1024, 16, 1.0) / local_sgd_round_s(1024, 16, 0.5, 1.0)
+    assert local.updates == max(bench.MIN_UPDATES, math.ceil((cv / 0.005) ** 2)) == 200
+    for bad in ("gossip", "local_sgd", "local_sgdx"):
+        with pytest.raises(ValueError, match="unknown case"):
+            bench.plan(bad, 8, 0.005)
 
 
 def test_batch_means(bench: ModuleType) -> None:
