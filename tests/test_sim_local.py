@@ -109,11 +109,12 @@ def test_a_switch_between_gradients_and_local_steps_keeps_each_push_s_kind(tmp_p
 # ---- the real learner ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def real() -> Any:
+@pytest.fixture(scope="module", params=["tensorflow", "torch"])
+def real(request: pytest.FixtureRequest) -> Any:
+    """The real learner of a small MLP, in either framework (their computers stage values differently)."""
     from switchps.sim.gradients import real_learner
 
-    return real_learner(config(model={"name": "mlp", "kwargs": {"hidden": [16]}}))
+    return real_learner(config(model={"name": "mlp", "framework": request.param, "kwargs": {"hidden": [16]}}))
 
 
 def local_order(steps: int, inner: OptimizerSpec, reset: bool = False) -> WorkOrder:
