@@ -135,7 +135,7 @@ def test_a_local_steps_payload_is_samples_times_the_inner_trajectory_s_movement(
         grad, step_loss = real.gc.compute(rows_, 10)
         theta[:n] -= np.float32(0.1) * grad[:n] / np.float32(10)
         losses.append(step_loss)
-    assert work.local_steps == 3 and work.report().local_steps == 3
+    assert work.local_steps == 3 and work.report().local_steps == 3 and work.grad is not None
     assert work.local_losses == pytest.approx(losses, rel=1e-5) and loss == pytest.approx(sum(losses), rel=1e-5)
     np.testing.assert_allclose(work.grad[:n], 30 * (real.params[0][:n] - theta[:n]), atol=1e-4)
     assert np.abs(work.grad[:n]).max() > 1e-2, "the model moved"
@@ -162,6 +162,7 @@ def test_a_worker_s_inner_optimizer_state_is_kept_across_rounds_unless_reset(rea
             real.gc.assign(theta)
             grad, _ = real.gc.compute(rows_, 10)
             reference.apply(theta[:n], grad[:n], grad_scale=0.1)
+        assert work.grad is not None
         np.testing.assert_allclose(work.grad[:n], 20 * (real.params[0][:n] - theta[:n]), atol=1e-4)
         real.done(work)
     assert reference.iterations == 4 and real.inner[worker.index][1].iterations == 4
