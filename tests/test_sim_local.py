@@ -206,6 +206,18 @@ def test_every_local_steps_protocol_runs_1024_time_only_workers(tmp_path: Path, 
         assert {int(r["samples"]) for r in ps} == ({40 * 1024} if rounds else {40})
 
 
+def test_a_round_of_1024_real_local_trajectories(tmp_path: Path) -> None:
+    """Real gradients at 1,024 workers: one round of 2 local steps each (2,048 trajectory steps, one computer
+    call each); every worker's losses reach the record and the averaged movement lowers the test loss."""
+    s = simulate(config(workers=1024, steps=1, protocol={"local_steps": 2}), tmp_path / "r")
+    (update,) = rows(tmp_path / "r")
+    assert update["workers"].count(";") == 1023 and update["samples"] == str(1024 * 20) and s["updates"] == 1
+    losses = [float(r["loss"]) for r in rows(tmp_path / "r", "workers.csv")]
+    assert len(losses) == 1024 and all(1.0 < x < 5.0 for x in losses)
+    first, last = (float(e["test_loss"]) for e in rows(tmp_path / "r", "eval.csv"))
+    assert last < first
+
+
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
