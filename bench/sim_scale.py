@@ -9,13 +9,15 @@ so its wall time includes nothing else and its peak RSS (``ru_maxrss``) is its o
 
 - targets: 1,024 workers x 500 BSP rounds with real gradients (< 300 s); 1,024 workers x 20,000 ASP
   updates with real gradients (< 300 s); 10,000 workers x 100 BSP rounds, time only (< 120 s); peak
-  memory < 4 GB at 1,024 workers. Exit 1 when one fails.
+  memory < 4 GB at 1,024 workers; and issue 46's 1,024 workers x 50 rounds of local SGD (H = 8 local
+  steps, the protocol's default), time only (< 120 s). Exit 1 when one fails.
 - growth: BSP at each of ``--sizes`` for about ``GROWTH_STEPS`` worker steps each (rounds = steps / N),
   time only and with real gradients.
 
 Per case: ``wall_s`` (the whole child: interpreter, imports, TensorFlow, data, the simulation, writing
 the run directory), ``sim_wall_s`` (the simulation alone, from ``summary.json``), worker steps (applied
-pushes: samples / batch), microseconds per worker step on either clock, and peak RSS. Prints JSON.
+pushes: samples / batch; under local SGD, local steps), microseconds per worker step on either clock, and
+peak RSS. Prints JSON.
 
     python bench/sim_scale.py [--only targets|growth] [--sizes 8,64,1024,10000] [--quick]
 """
@@ -69,11 +71,13 @@ def targets(quick: bool) -> list[Case]:
     wall time says nothing about its target's, only how loaded the machine is, so the quick run (the test's)
     judges what must hold at any size: every update done and the peak memory under its limit."""
     n, big = (16, 64) if quick else (1024, 10_000)
-    rounds, updates, rounds_big = (5, 50, 5) if quick else (500, 20_000, 100)
+    rounds, updates, rounds_big, rounds_local = (5, 50, 5, 5) if quick else (500, 20_000, 100, 50)
     limit_s, limit_big_s = (None, None) if quick else (300.0, 120.0)
     return [Case(f"bsp_real_{n}x{rounds}", "targets", n, "bsp", rounds, False, limit_s, MEMORY_LIMIT_MB),
             Case(f"asp_real_{n}x{updates}", "targets", n, "asp", updates, False, limit_s, MEMORY_LIMIT_MB),
-            Case(f"bsp_time_only_{big}x{rounds_big}", "targets", big, "bsp", rounds_big, True, limit_big_s)]
+            Case(f"bsp_time_only_{big}x{rounds_big}", "targets", big, "bsp", rounds_big, True, limit_big_s),
+            Case(f"local_sgd_time_only_{n}x{rounds_local}", "targets", n, "local_sgd", rounds_local, True,
+                 limit_big_s)]
 
 
 def growth(sizes: list[int], steps: int) -> list[Case]:
@@ -143,7 +147,7 @@ def run_case(case: Case, timeout_s: float) -> dict[str, Any]:
 
 def measured(case: Case, got: dict[str, Any], wall: float, load: float) -> dict[str, Any]:
     """The child's figures with the per-step costs and, for a target, its verdict."""
-    steps = got["samples"] // BATCH  # every push carries exactly BATCH samples (BSP and ASP, no AMB)
+    steps = got["samples"] // BATCH  # every (local) step is exactly BATCH samples (BSP, ASP, local SGD; no AMB)
     result = {**asdict(case), "load_1m_before": round(load, 2), "wall_s": round(wall, 2), **got,
               "worker_steps": steps,
               "us_per_step_sim": round(got["sim_wall_s"] / steps * 1e6, 1) if steps else None,

@@ -12,10 +12,11 @@ error (20 batches), against ``switchps.closed_forms``:
 - backup (N/4 backup workers, c = 0): switchps's rule, whose late workers finish their step and lose
   it, by a Markov chain (the paper's K-sync value, where they start afresh, is printed beside it);
 - kasync (K = N/4, c = 0): K/(N mu); asp: mean staleness N - 1;
-- amb (T = BSP's mean round): E[max over workers of each one's push time], and the mean batch.
+- amb (T = BSP's mean round): E[max over workers of each one's push time], and the mean batch;
+- local_sgdH (H = 1, 4, 16 local steps a round, each c + Exp(mu)): H c + E[max of N Gamma(H, mu)].
 Prints JSON; exits 1 when a case fails. ``--plan`` prints the plan without simulating.
 
-    python bench/sim_validation.py [--sizes 8,64,1024] [--cases bsp,backup,kasync,asp,amb] [--se 0.005]
+    python bench/sim_validation.py [--sizes 8,64,1024] [--cases bsp,backup,kasync,asp,amb,local_sgd4] [--se 0.005]
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ TOLERANCE = 0.02
 BATCHES = 20
 """Batch means: the standard error of a correlated series from the spread of 20 consecutive means."""
 MIN_UPDATES = 200
-CASES = ("bsp", "backup", "kasync", "asp", "amb")
+CASES = ("bsp", "backup", "kasync", "asp", "amb", "local_sgd1", "local_sgd4", "local_sgd16")
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Case:
     updates: int
     """Updates measured after the warm-up."""
     pushes_per_update: int
-    """To size the run: worker steps = pushes_per_update x (warmup + updates)."""
+    """To size the run: worker steps = pushes_per_update x (warmup + updates) (local steps: each one counts)."""
     reference: dict[str, float] = field(default_factory=dict)
     """Figures printed beside the comparison (parameters, the paper's value)."""
 
@@ -104,6 +105,11 @@ def plan(name: str, n: int, se: float, least: int = MIN_UPDATES) -> Case:
                     max(20 * n, math.ceil(math.sqrt(8 * n) / se)), 1)
     if name == "amb":
         return _amb(n, se, least)
+    if name.startswith("local_sgd") and name.removeprefix("local_sgd").isdigit():
+        h = int(name.removeprefix("local_sgd"))  # a round: H local steps of c + Exp(mu) each, then one push
+        mean = cf.local_sgd_round_s(n, h, c, MU)
+        return Case(name, n, {"name": "local_sgd", "local_steps": h}, SHIFT_S, FAST, {"seconds_per_update": mean},
+                    20, updates_for(cf.local_sgd_round_sd(n, h, MU) / mean, se, least), n * h, {"local_steps": h})
     raise ValueError(f"unknown case {name!r}; expected one of {', '.join(CASES)}")
 
 

@@ -203,3 +203,40 @@ def amb_mean_batch(n: int, c: float, mu: float, budget_s: float, micro_s: float,
         raise ValueError(f"need budget_s, micro_s > 0 and micro_batch >= 1; got {budget_s}, {micro_s}, {micro_batch}")
     j = max(math.ceil((budget_s - c) / micro_s) - 1, 0)
     return n * micro_batch * (1 + j - _geometric(c, mu, budget_s, micro_s, j))
+
+
+def _erlang_max_moment(n: int, h: int, mu: float, power: int) -> float:
+    """E[M^power], power 1 or 2, for M the max of N independent Gamma(h, mu) (Erlang) times: the integral over
+    s > 0 of power s^(power-1) (1 - F(s)^N), with 1 - F^N = -expm1(N log1p(-Q)) and Q = 1 - F the regularized
+    upper incomplete gamma function (accurate where F is near 1), cut where N Q < 1e-18."""
+    from scipy import integrate, special
+
+    def unfinished(s: float) -> float:
+        q = float(special.gammaincc(h, mu * s))
+        return 1.0 if q >= 1.0 else -math.expm1(n * math.log1p(-q))
+
+    top = float(special.gammainccinv(h, 1e-18 / n)) / mu
+    mode = (h - 1 + math.log(n)) / mu  # where the integrand falls: give quad the point
+    value, _ = integrate.quad(lambda s: power * s ** (power - 1) * unfinished(s), 0.0, top,
+                              points=[min(mode, top / 2)], limit=200, epsabs=1e-12, epsrel=1e-10)
+    return float(value)
+
+
+def local_sgd_round_s(n: int, h: int, c: float, mu: float) -> float:
+    """Synchronous local SGD (``local_sgd``, ``diloco``): a round is H local steps per worker, each c + Exp(mu)
+    and independent (``sim.workers``: a local step is a compute interval of its own), then one push; the
+    round waits for all N, so E = E[max over workers of (H c + Gamma(H, mu))] = H c + E[max of N Erlangs],
+    a numeric integral. With H = 1 it is BSP's c + H_N / mu."""
+    _check(n, c, mu)
+    if h < 1:
+        raise ValueError(f"need h >= 1, got {h}")
+    return h * c + _erlang_max_moment(n, h, mu, 1)
+
+
+def local_sgd_round_sd(n: int, h: int, mu: float) -> float:
+    """The standard deviation of a ``local_sgd_round_s`` round (the shift adds none)."""
+    _check(n, 0.0, mu)
+    if h < 1:
+        raise ValueError(f"need h >= 1, got {h}")
+    mean = _erlang_max_moment(n, h, mu, 1)
+    return math.sqrt(max(_erlang_max_moment(n, h, mu, 2) - mean**2, 0.0))

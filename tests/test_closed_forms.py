@@ -19,6 +19,7 @@ from harness import Harness
 from switchps.closed_forms import (
     amb_mean_batch, amb_update_s, amb_update_sd, asp_mean_staleness, backup_late_finish_moments,
     backup_late_finish_update_s, backup_update_s, bsp_update_s, bsp_update_sd, harmonic, kasync_update_s,
+    local_sgd_round_s, local_sgd_round_sd,
 )
 from switchps.config.protocol import MEMBERS
 from switchps.config.run import RunConfig
@@ -126,6 +127,31 @@ def test_amb_mean_batch_by_brute_force() -> None:
         brute = n * (1 + np.where(x > c, -np.expm1(-mu * np.maximum(x - c, 0)), 0.0).sum())
         assert amb_mean_batch(n, c, mu, budget, micro, micro_batch=1) == pytest.approx(brute, rel=1e-9)
     assert amb_mean_batch(4, 0.0, 1.0, 1.0, 0.1, micro_batch=8) == 8 * amb_mean_batch(4, 0.0, 1.0, 1.0, 0.1)
+
+
+def test_local_sgd_round_known_values() -> None:
+    """H = 1 is BSP; one worker waits for its own H steps, H (c + 1/mu); two workers' max of Erlang(2) times:
+    E[max] = 2 E - E[min], and P(min > s) = ((1 + mu s) e^(-mu s))^2 integrates to 5 / (4 mu)."""
+    for n in (1, 8, 1024):
+        assert local_sgd_round_s(n, 1, 0.5, 2.0) == pytest.approx(bsp_update_s(n, 0.5, 2.0), rel=1e-9)
+        assert local_sgd_round_sd(n, 1, 2.0) == pytest.approx(bsp_update_sd(n, 2.0), rel=1e-6)
+    assert local_sgd_round_s(1, 16, 0.5, 2.0) == pytest.approx(16 * (0.5 + 0.5), rel=1e-9)
+    assert local_sgd_round_sd(1, 16, 2.0) == pytest.approx(4 / 2.0, rel=1e-6)
+    assert local_sgd_round_s(2, 2, 0.0, 1.0) == pytest.approx(2 * 2 - 5 / 4, rel=1e-9)
+    for bad in (lambda: local_sgd_round_s(8, 0, 0.5, 1.0), lambda: local_sgd_round_s(0, 4, 0.5, 1.0),
+                lambda: local_sgd_round_sd(8, 4, 0.0)):
+        with pytest.raises(ValueError):
+            bad()
+
+
+@pytest.mark.parametrize("n", [8, 256, 1024])
+def test_local_sgd_round_monte_carlo(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for h in (1, 4, 16):
+        rounds = (h * 0.5 + rng.gamma(h, 1.0, (max(2000, 400_000 // n), n))).max(axis=1)
+        se = rounds.std() / math.sqrt(len(rounds))
+        assert abs(rounds.mean() - local_sgd_round_s(n, h, 0.5, 1.0)) < 4 * se, (n, h)
+        assert rounds.std() == pytest.approx(local_sgd_round_sd(n, h, 1.0), rel=0.05), (n, h)
 
 
 @dataclass
@@ -249,7 +275,7 @@ def core_simulator(cfg: RunConfig, run_dir: Path, *, time_only: bool, quiet: boo
     return {"simulated": True}
 
 
-@pytest.mark.parametrize("case", ["bsp", "backup", "kasync", "asp", "amb"])
+@pytest.mark.parametrize("case", ["bsp", "backup", "kasync", "asp", "amb", "local_sgd4"])
 def test_bench_configs_validate(bench: ModuleType, case: str, tmp_path: Path) -> None:
     for n in (8, 1024):
         plan = bench.plan(case, n, 0.005)
@@ -269,8 +295,14 @@ def test_bench_plans_enough_updates(bench: ModuleType) -> None:
     assert bench.plan("kasync", 64, 0.005).updates == 2500  # Gamma(16, N mu): cv 1/4
     amb = bench.plan("amb", 64, 0.005)  # at most max_batch samples: never cut before T
     assert amb.protocol["max_batch"] > amb.reference["time_budget_s"] / amb.reference["micro_batch_s"] + 1
-    with pytest.raises(ValueError, match="unknown case"):
-        bench.plan("gossip", 8, 0.005)
+    local = bench.plan("local_sgd16", 1024, 0.005)  # H = 16 local steps a round, each 0.5 + Exp(1) s
+    assert local.protocol == {"name": "local_sgd", "local_steps": 16} and local.pushes_per_update == 16 * 1024
+    assert local.expected["seconds_per_update"] == pytest.approx(local_sgd_round_s(1024, 16, 0.5 + 1e-9, 1.0))
+    cv = local_sgd_round_sd(1024, 16, 1.0) / local_sgd_round_s(1024, 16, 0.5, 1.0)
+    assert local.updates == max(bench.MIN_UPDATES, math.ceil((cv / 0.005) ** 2)) == 200
+    for bad in ("gossip", "local_sgd", "local_sgdx"):
+        with pytest.raises(ValueError, match="unknown case"):
+            bench.plan(bad, 8, 0.005)
 
 
 def test_batch_means(bench: ModuleType) -> None:

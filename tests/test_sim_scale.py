@@ -47,7 +47,8 @@ def test_quick_run_passes_and_prints_every_figure() -> None:
     assert out.returncode == 0, (out.stderr[-3000:], report)
     assert report["benchmark"] == "sim_scale" and report["quick"] is True and report["all_pass"] is True
     targets = report["targets"]
-    assert [(t["protocol"], t["time_only"]) for t in targets] == [("bsp", False), ("asp", False), ("bsp", True)]
+    assert [(t["protocol"], t["time_only"]) for t in targets] == [("bsp", False), ("asp", False), ("bsp", True),
+                                                                  ("local_sgd", True)]
     cases = report["growth"]["cases"]
     assert len(cases) == 4 and {c["workers"] for c in cases} == {4, 16}
     for case in [*targets, *cases]:
@@ -56,7 +57,7 @@ def test_quick_run_passes_and_prints_every_figure() -> None:
         assert case["pass"] is True and case["updates"] > 0 and case["worker_steps"] == case["samples"] // 16 > 0
         assert case["peak_rss_mb"] > 0 and case["us_per_step_sim"] > 0
     assert all(t["limit_s"] is None for t in targets)
-    assert [t["memory_limit_mb"] for t in targets] == [4096.0, 4096.0, None]
+    assert [t["memory_limit_mb"] for t in targets] == [4096.0, 4096.0, None, None]
     rows = report["growth"]["table"]
     assert [(r["mode"], r["workers"]) for r in rows] == [("time_only", 4), ("time_only", 16), ("real", 4),
                                                          ("real", 16)]
@@ -70,7 +71,7 @@ def test_a_case_that_does_not_finish_fails_the_run() -> None:
                          capture_output=True, text=True, timeout=120)
     report = strict(out.stdout)
     assert out.returncode == 1 and report["all_pass"] is False
-    assert [(t["pass"], t["error"]) for t in report["targets"]] == [(False, "timed out after 0 s")] * 3
+    assert [(t["pass"], t["error"]) for t in report["targets"]] == [(False, "timed out after 0 s")] * 4
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 def test_a_target_fails_short_of_its_updates_or_over_its_limits(bench: ModuleType) -> None:
     full = bench.targets(quick=False)
     assert [(c.workers, c.updates, c.limit_s, c.memory_limit_mb) for c in full] == [
-        (1024, 500, 300.0, 4096.0), (1024, 20_000, 300.0, 4096.0), (10_000, 100, 120.0, None)]
+        (1024, 500, 300.0, 4096.0), (1024, 20_000, 300.0, 4096.0), (10_000, 100, 120.0, None), (1024, 50, 120.0, None)]
     case = full[0]
     child = {"sim_wall_s": 51.2, "sim_events": 1, "updates": 500, "samples": 1024 * 500 * 16,
              "virtual_time_s": 1.0, "final_test_accuracy": 0.5, "peak_rss_mb": 3000.0}

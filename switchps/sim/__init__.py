@@ -5,10 +5,11 @@ The simulator supplies only time and gradients; every rule it runs is the real s
 - ``loop``: the event heap (virtual time; ties broken by a sequence number) and a worker's virtual clock;
 - ``network``: the PS's emulated link (``ps_server.link.Link``'s arithmetic) on virtual time;
 - ``workers``: simulated workers, whose steps are the worker's own ``StepRunner`` on a virtual clock with
-  a ``Computer`` that keeps the sample indices a step drew instead of computing;
+  a ``Computer`` that keeps the sample indices a step drew instead of computing (an order's local steps:
+  one such step each, then one push);
 - ``learner``: what a step's samples are worth: nothing (``TimeOnly``) or real losses and gradients at
   each push's base version, computed lazily, one batched call per group of pushes on one version
-  (``Real``, the only module that loads TensorFlow);
+  (``Real``, the only module that loads TensorFlow; a push of local steps: its own inner trajectory);
 - ``driver``: the third driver of the core (after the gRPC service and the test harness): it turns
   events into core calls and executes the actions, with the store's update rule and the run record;
 - ``run``: ``simulate(cfg, run_dir)``, a normal run directory written, with a progress bar.

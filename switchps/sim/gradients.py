@@ -13,6 +13,12 @@ version it started on, which are kept until no step refers to them:
 
 The non-trainable state (BatchNorm statistics) a batched call leaves is taken as each of its steps'
 state: the update's state is then the mean over its versions' calls, weighted by their pushes.
+
+A push of local steps (``Work.local``) cannot be batched with others: each worker's trajectory is its own.
+When it pushes, its local steps run one after another from its base version (``local_trajectory``: one
+call and one step of the worker's inner optimizer each, kept per worker across rounds unless the order
+resets it), and its payload, ``samples x (start - end)`` over the trainable part then the state it ended
+with (``moved``), is kept as its ``grad`` until the push is applied or dropped.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ from typing import Callable
 
 import numpy as np
 
+from switchps.config.optimizer import OptimizerSpec
+from switchps.config.run import RunConfig
+from switchps.optim.optimizers import Optimizer, optimizer_factory
+from switchps.ps_server.core.events import Local
 from switchps.sim.learner import Score
 from switchps.sim.workers import Work
 from switchps.workload.data import Dataset
-from switchps.config.run import RunConfig
 from switchps.workload.frameworks import Computer, framework
 
 def real_learner(cfg: RunConfig) -> Real:
@@ -36,6 +45,32 @@ def real_learner(cfg: RunConfig) -> Real:
     fw = framework(cfg.model.framework)
     data, model = fw.prepare(cfg)
     return Real(fw.computer(cfg, model, data.x_train, data.y_train), fw.scorer(model, data), data)
+
+
+def local_trajectory(gc: Computer, inner: Optimizer, theta: np.ndarray, batches: np.ndarray,
+                     trainable: int) -> tuple[float, ...]:
+    """Local steps from ``theta`` (trainable parameters, then state; moved in place): per row of ``batches``,
+    the Σ gradient over its samples at ``theta``, then one step of ``inner`` by their mean; the state becomes
+    what the call left. Each local step's summed loss. ``theta`` should be ``gc.buffer()``'s (read in place)."""
+    n, losses = trainable, []
+    for rows in batches:
+        gc.stage(theta)
+        grad, loss = gc.compute(rows, len(rows))
+        inner.apply(theta[:n], grad[:n], grad_scale=1.0 / len(rows))
+        theta[n:] = grad[n:]
+        losses.append(loss)
+    return tuple(losses)
+
+
+def moved(start: np.ndarray, end: np.ndarray, samples: int, trainable: int) -> np.ndarray:
+    """A local-steps push's payload: ``samples x (start - end)`` over the trainable part, then ``end``'s state
+    (a gradient push's state tail)."""
+    n = trainable
+    payload = np.empty_like(end)
+    np.subtract(start[:n], end[:n], out=payload[:n])
+    payload[:n] *= np.float32(samples)
+    payload[n:] = end[n:]
+    return payload
 
 
 CALL_BYTES = 64 * 2**20
@@ -57,18 +92,46 @@ class Real:
         self.unscored: dict[int, list[Work]] = defaultdict(list)
         self._loaded: int | None = None  # the version in the model, if no call has changed it since
         self._stateless = self.gc.weights.size == self.trainable  # a training call changes no variable but the ones we set
+        self.inner: dict[int, tuple[OptimizerSpec, Optimizer]] = {}  # worker -> its inner optimizer, and its spec
+        self._theta = self.gc.buffer()  # a local trajectory's values (read by the computer in place)
+        self._grad = np.empty(self.values.size, np.float32)  # a local step's gradient (the optimizer's scratch)
 
     def sent(self, version: int) -> None:
         self.refs[version] += 1
 
     def started(self, work: Work) -> None:
-        self.unscored[work.version].append(work)
+        if work.local is None:  # a local trajectory is scored when it runs
+            self.unscored[work.version].append(work)
 
     def loss(self, work: Work) -> float:
         if work.loss_sum is None:
-            self._score(work.version)
+            self._local(work) if work.local is not None else self._score(work.version)
         assert work.loss_sum is not None
         return work.loss_sum
+
+    def _local(self, work: Work) -> None:
+        """Run ``work``'s local steps from its base version: its losses, and its payload as its ``grad``."""
+        assert work.local is not None
+        inner, start, theta = self._inner(work.worker, work.local), self.params[work.version], self._theta
+        np.copyto(theta, start)
+        payload_to, self.gc.payload_to = self.gc.payload_to, self._grad
+        try:
+            losses = local_trajectory(self.gc, inner, theta, work.rows.reshape(work.local_steps, -1), self.trainable)
+        finally:
+            self.gc.payload_to = payload_to
+        self._loaded = None  # the model runs at the trajectory's end now
+        work.grad, work.local_losses = moved(start, theta, work.samples, self.trainable), losses
+        work.loss_sum = math.fsum(losses)
+
+    def _inner(self, worker: int, local: Local) -> Optimizer:
+        """``worker``'s inner optimizer for ``local``: kept across rounds, anew when the spec changes; its state
+        reset first if ``local.reset``."""
+        held = self.inner.get(worker)
+        if held is None or held[0] != local.inner:
+            held = self.inner[worker] = (local.inner, optimizer_factory(local.inner)(self.trainable))
+        elif local.reset:
+            held[1].reset_state()
+        return held[1]
 
     def _score(self, version: int) -> None:
         """Score every step started on ``version`` and not scored yet: one forward pass, summed by step
@@ -92,9 +155,13 @@ class Real:
         total = np.zeros(self.values.size, np.float32)
         n = self.trainable
         for version, same in groupby(sorted(works, key=lambda w: w.version), key=lambda w: w.version):
-            group = list(same)
-            if len(group) == 1 and group[0].grad is not None:
-                total += group[0].grad
+            group = []
+            for w in same:  # a payload computed already: a local-steps push, or a gradient scored alone
+                if w.grad is not None:
+                    total += w.grad
+                else:
+                    group.append(w)
+            if not group:
                 continue
             rows = np.concatenate([w.rows for w in group])
             self._load(version)
