@@ -165,7 +165,7 @@ def test_a_worker_s_inner_optimizer_state_is_kept_across_rounds_unless_reset(rea
         assert work.grad is not None
         np.testing.assert_allclose(work.grad[:n], 20 * (real.params[0][:n] - theta[:n]), atol=1e-4)
         real.done(work)
-    assert reference.iterations == 4 and real.inner[worker.index][1].iterations == 4
+    assert reference.iterations == 4 and real.inner[worker.index].optimizer.iterations == 4
 
 
 def test_local_sgd_and_diloco_train_deterministically_and_push_the_model_once_a_round(tmp_path: Path) -> None:

@@ -31,12 +31,10 @@ from typing import Callable
 
 import numpy as np
 
-from switchps.config.optimizer import OptimizerSpec
 from switchps.config.run import RunConfig
-from switchps.optim.optimizers import Optimizer, optimizer_factory
-from switchps.ps_server.core.events import Local
 from switchps.sim.learner import Score
 from switchps.sim.workers import Work
+from switchps.worker.local_steps import Inner, moved
 from switchps.workload.data import Dataset
 from switchps.workload.frameworks import Computer, framework
 
@@ -47,30 +45,19 @@ def real_learner(cfg: RunConfig) -> Real:
     return Real(fw.computer(cfg, model, data.x_train, data.y_train), fw.scorer(model, data), data)
 
 
-def local_trajectory(gc: Computer, inner: Optimizer, theta: np.ndarray, batches: np.ndarray,
-                     trainable: int) -> tuple[float, ...]:
-    """Local steps from ``theta`` (trainable parameters, then state; moved in place): per row of ``batches``,
-    the Σ gradient over its samples at ``theta``, then one step of ``inner`` by their mean; the state becomes
-    what the call left. Each local step's summed loss. ``theta`` should be ``gc.buffer()``'s (read in place)."""
-    n, losses = trainable, []
+def local_trajectory(gc: Computer, inner: Inner, theta: np.ndarray, batches: np.ndarray) -> tuple[float, ...]:
+    """Local steps from ``theta`` (trainable parameters, then state; moved in place), as a worker takes them
+    (``worker.local_steps``): per row of ``batches``, the Σ gradient over its samples at ``theta``, then one
+    step of ``inner``; the state becomes what the call left. Each local step's summed loss. ``theta`` should be
+    ``gc.buffer()``'s (read in place)."""
+    n, losses = inner.trainable, []
     for rows in batches:
         gc.stage(theta)
         grad, loss = gc.compute(rows, len(rows))
-        inner.apply(theta[:n], grad[:n], grad_scale=1.0 / len(rows))
+        inner.step(theta, grad, len(rows))
         theta[n:] = grad[n:]
         losses.append(loss)
     return tuple(losses)
-
-
-def moved(start: np.ndarray, end: np.ndarray, samples: int, trainable: int) -> np.ndarray:
-    """A local-steps push's payload: ``samples x (start - end)`` over the trainable part, then ``end``'s state
-    (a gradient push's state tail)."""
-    n = trainable
-    payload = np.empty_like(end)
-    np.subtract(start[:n], end[:n], out=payload[:n])
-    payload[:n] *= np.float32(samples)
-    payload[n:] = end[n:]
-    return payload
 
 
 CALL_BYTES = 64 * 2**20
@@ -92,7 +79,7 @@ class Real:
         self.unscored: dict[int, list[Work]] = defaultdict(list)
         self._loaded: int | None = None  # the version in the model, if no call has changed it since
         self._stateless = self.gc.weights.size == self.trainable  # a training call changes no variable but the ones we set
-        self.inner: dict[int, tuple[OptimizerSpec, Optimizer]] = {}  # worker -> its inner optimizer, and its spec
+        self.inner: dict[int, Inner] = {}  # per worker, its inner optimizer
         self._theta = self.gc.buffer()  # a local trajectory's values (read by the computer in place)
         self._grad = np.empty(self.values.size, np.float32)  # a local step's gradient (the optimizer's scratch)
 
@@ -112,26 +99,19 @@ class Real:
     def _local(self, work: Work) -> None:
         """Run ``work``'s local steps from its base version: its losses, and its payload as its ``grad``."""
         assert work.local is not None
-        inner, start, theta = self._inner(work.worker, work.local), self.params[work.version], self._theta
+        inner = self.inner.setdefault(work.worker, Inner(self.trainable))
+        inner.begin(work.local.inner, work.local.reset)
+        start, theta = self.params[work.version], self._theta
         np.copyto(theta, start)
         payload_to, self.gc.payload_to = self.gc.payload_to, self._grad
         try:
-            losses = local_trajectory(self.gc, inner, theta, work.rows.reshape(work.local_steps, -1), self.trainable)
+            losses = local_trajectory(self.gc, inner, theta, work.rows.reshape(work.local_steps, -1))
         finally:
             self.gc.payload_to = payload_to
         self._loaded = None  # the model runs at the trajectory's end now
-        work.grad, work.local_losses = moved(start, theta, work.samples, self.trainable), losses
+        work.grad = moved(start, theta, work.samples, self.trainable, np.empty_like(theta))
+        work.local_losses = losses
         work.loss_sum = math.fsum(losses)
-
-    def _inner(self, worker: int, local: Local) -> Optimizer:
-        """``worker``'s inner optimizer for ``local``: kept across rounds, anew when the spec changes; its state
-        reset first if ``local.reset``."""
-        held = self.inner.get(worker)
-        if held is None or held[0] != local.inner:
-            held = self.inner[worker] = (local.inner, optimizer_factory(local.inner)(self.trainable))
-        elif local.reset:
-            held[1].reset_state()
-        return held[1]
 
     def _score(self, version: int) -> None:
         """Score every step started on ``version`` and not scored yet: one forward pass, summed by step
