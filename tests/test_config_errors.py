@@ -8,7 +8,7 @@ import sys
 import textwrap
 from contextlib import contextmanager
 from pathlib import Path
-from typing import get_args, get_origin
+from typing import Callable, get_args, get_origin
 
 import annotated_types as at
 import pytest
@@ -101,6 +101,16 @@ BAD = [
      ["cluster.workers: need at least one worker", "optimizer.learning_rate: Input should be greater than 0",
       "protocol.name: unknown protocol 'gossip'", "protocol.batch: Input should be greater than 0",
       "bogus: unknown key"]),
+    # local steps (issue 46)
+    ("local_steps 0", "protocol: {name: local_sgd, local_steps: 0}", [],
+     ["protocol.local_steps: Input should be greater than or equal to 1 (got 0)"]),
+    ("an inner optimizer nobody has", "protocol: {name: diloco, inner_optimizer: {name: lion}}", [],
+     ["protocol.inner_optimizer.name: unknown optimizer 'lion'; expected one of sgd"]),
+    ("an inner parameter its optimizer lacks",
+     "protocol: {name: bsp, local_steps: 4, inner_optimizer: {name: adamw, params: {momentum: 0.9}}}", [],
+     ["protocol.inner_optimizer.params.momentum: unknown key; adamw takes beta_1, beta_2, epsilon, weight_decay"]),
+    ("a negative outer rate", "protocol: {name: async_diloco, outer_optimizer: {name: sgd, learning_rate: -1}}", [],
+     ["protocol.outer_optimizer.learning_rate: Input should be greater than 0 (got -1)"]),
     ("--set bad value", "train: {steps: 10}", ["protocol.batch=lots"],
      ["protocol.batch: Input should be a valid integer, unable to parse string as an integer (got 'lots')"]),
     ("--set malformed twice", "train: {steps: 10}", ["protocol.batch", "model.kwargs={hidden: [1"],
@@ -167,23 +177,27 @@ def _sections(annotation: object, tag: str | None = None) -> list[tuple[type[Sec
     return [s for a in get_args(annotation) for s in _sections(a, tags[0] if tags else tag)]
 
 
-def _bounded(model: type[Section] = RunConfig, prefix: str = "",
-             setup: tuple[str, ...] = ()) -> list[tuple[list[str], str, list[str]]]:
+def _bounded(model: type[Section] = RunConfig, prefix: str = "", setup: tuple[str, ...] = (),
+             wrap: Callable[[list[str]], list[str]] = lambda lines: lines) -> list[tuple[list[str], str, list[str]]]:
     """For every bound on a number anywhere in the schema: the ``--set``s that break it just past the bound
-    (a union member's after the one that picks it), and the lines the report must be (the field's, and
-    any required field of its section left out)."""
+    (a union member's after the one that picks it), and the lines the report must be, in the schema's order
+    (the field's, and any required field left out of its section and of the sections around it: ``wrap``)."""
     cases = []
     for name, field in model.model_fields.items():
+        def around(inner: list[str], name: str = name) -> list[str]:
+            """This section's lines, with ``inner`` where field ``name``'s go."""
+            return wrap([line for other, f in model.model_fields.items()
+                         for line in (inner if other == name else [f"{prefix}{other}: Field required"]
+                                      if f.is_required() else [])])
         for bound in (m for m in field.metadata if type(m) in BOUNDS):
             attr, phrase, step = BOUNDS[type(bound)]
             limit = getattr(bound, attr)
-            lines = [f"{prefix}{name}: Input should be {phrase} {limit} (got {limit + step})"
-                     if other == name else f"{prefix}{other}: Field required"
-                     for other, f in model.model_fields.items() if other == name or f.is_required()]
-            cases.append(([*setup, f"{prefix}{name}={limit + step}"], type(bound).__name__, lines))
+            cases.append(([*setup, f"{prefix}{name}={limit + step}"], type(bound).__name__,
+                          around([f"{prefix}{name}: Input should be {phrase} {limit} (got {limit + step})"])))
         for section, tag in _sections(field.annotation):
             if tag != "unknown":  # a name that is no protocol's: reported on its own (test_config_protocols)
-                cases += _bounded(section, f"{prefix}{name}.", (*setup, *([f"{prefix}{name}.name={tag}"] * bool(tag))))
+                cases += _bounded(section, f"{prefix}{name}.", (*setup, *([f"{prefix}{name}.name={tag}"] * bool(tag))),
+                                  around)
     return cases
 
 
