@@ -22,7 +22,9 @@ except RuntimeError:
 
 import keras
 
-from switchps.workload.data import DATASETS, Dataset, DataNotFoundError, load_dataset
+from switchps.config.run import parse_config
+from switchps.config.workload import DataSpec
+from switchps.workload.data import DATASETS, Dataset, DataNotFoundError, configured_dataset, load_dataset
 from switchps.workload.tensorflow.models import MODELS, build_model
 
 
@@ -206,6 +208,20 @@ def test_synthetic():
     assert np.array_equal(d.x_test, again.x_test)
     default = load_dataset("synthetic")
     assert default.x_train.shape == (8000, 20) and default.num_classes == 10
+
+
+def test_synthetic_takes_a_sample_shape_such_as_cifars():
+    d = load_dataset("synthetic", num_samples=300, num_features=48, num_classes=10, shape=(4, 4, 3))
+    assert d.x_train.shape == (240, 4, 4, 3) and d.x_test.shape == (60, 4, 4, 3) and d.input_shape == (4, 4, 3)
+    flat = load_dataset("synthetic", num_samples=300, num_features=48, num_classes=10)
+    assert np.array_equal(d.x_train.reshape(240, 48), flat.x_train), "the same samples, shaped"
+    assert DataSpec(name="synthetic", shape=[32, 32, 3]).num_features == 3072
+    cfg = parse_config({"data": {"name": "synthetic", "num_samples": 100, "shape": [6, 6, 3]}, "train": {"steps": 1}}, [])
+    assert configured_dataset(cfg).input_shape == (6, 6, 3), "a run config's shape reaches the data"
+    for bad, problem in (({"name": "digits", "shape": [8, 8]}, "synthetic only"),
+                         ({"name": "synthetic", "shape": [32, 32, 3], "num_features": 20}, "not the product")):
+        with pytest.raises(ValueError, match=problem):
+            DataSpec(**bad)
 
 
 def test_unknown_dataset_and_bad_fraction():

@@ -97,6 +97,30 @@ def test_the_packaged_studies_load_and_their_arms_are_valid_run_configs():
     assert replay.stragglers.trace == "/tmp/bsp/stragglers.csv" and replay.stragglers.transient is None
 
 
+def test_the_scale_study_trains_every_arm_at_every_n_by_its_stated_rules():
+    """Issue 46: BSP gets 256 updates or more at every N, the rates follow the header's rules, and the hybrid
+    and greedy switch to exactly the ASP arm's rate and momentum."""
+    from switchps.ps_server.core.rescale import asynchrony_momentum, restore_factor
+
+    for point, spec in load_study(packaged("scale")).points():
+        cfg = {arm: spec.run_config(arm, 0, Path("/tmp/x"), None) for arm in spec.arms}
+        n, bsp, asp = cfg["bsp"].cluster.num_workers, cfg["bsp"], cfg["asp"]
+        train = bsp.data.num_samples - math.ceil(bsp.data.test_fraction * bsp.data.num_samples)
+        assert train >= n and bsp.data.sampling == "partition", point
+        assert bsp.train.epochs * train / (bsp.protocol.batch * n) >= 256, point
+        assert bsp.optimizer.learning_rate == pytest.approx(0.2 * math.sqrt(n / 8), rel=1e-5), point
+        mu = asynchrony_momentum(0.9, n)
+        assert asp.optimizer.learning_rate == pytest.approx(1.28 / n) and asp.optimizer.params["momentum"] == pytest.approx(mu)
+        assert cfg["ssp"].optimizer == asp.optimizer, point
+        k = cfg["kasync"].protocol.k
+        assert k == n // 4 and cfg["kasync"].optimizer.learning_rate == pytest.approx(1.28 * k / n), point
+        for switching in ("hybrid", "greedy"):
+            rule = cfg[switching].policy.on_switch
+            assert rule.momentum == "asynchrony"
+            switched = bsp.optimizer.learning_rate / float(rule.lr) * restore_factor(mu, 0.9)
+            assert switched == pytest.approx(asp.optimizer.learning_rate, rel=1e-4), (point, switching)
+
+
 def test_a_packaged_study_simulates_with_the_readmes_fitted_push_cost_and_a_users_set_wins():
     page = (Path(__file__).resolve().parent.parent / "docs" / "simulation.md").read_text()
     fit = re.search(r"sim_vs_real\.py compare .* --overhead ([0-9.]+) --jitter ([0-9.]+)", page)
@@ -161,6 +185,18 @@ def test_recovery_is_counted_from_after_the_dip_not_from_a_high_evaluation_befor
     assert m["dip_points"] == pytest.approx(40.0) and m["recovery_s"] == pytest.approx(7.0 - 2.5)
     flat = run_metrics(fake_run(tmp_path / "f", [0.9, 0.9, 0.95], switch_at=1.5), target=0.99, smooth=1, last=1)
     assert flat["dip_points"] == 0.0 and flat["recovery_s"] == 0.0
+
+
+def test_bytes_sent_is_a_model_vector_in_the_wire_s_type_per_push_taken_in_dropped_ones_too(tmp_path):
+    run = fake_run(tmp_path / "r", [0.5, 0.9])
+    assert run_metrics(run, target=0.9, smooth=1, last=1)["bytes_sent"] is None, "no model size recorded"
+    (run / "events.jsonl").write_text(json.dumps({"event": "model_initialized", "worker": 0, "parameters": 1000}) + "\n")
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "pushes_accepted": 30, "pushes_rejected": 2,
+                                                  "pushes_dropped": 5}))
+    assert run_metrics(run, target=0.9, smooth=1, last=1)["bytes_sent"] == 35 * 1000 * 4
+    (run / "config.yaml").write_text("train: {epochs: 2}\nruntime: {wire_dtype: bfloat16}\n")
+    assert run_metrics(run, target=0.9, smooth=1, last=1)["bytes_sent"] == 35 * 1000 * 2
 
 
 def test_the_study_figure_is_each_arm_s_mean_accuracy_with_its_band_over_its_protocol_timeline(tmp_path):

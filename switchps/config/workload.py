@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -44,6 +45,9 @@ class DataSpec(Section):
     """synthetic (generated in memory): at most 10**7 samples, and 10**4 features and classes."""
     num_features: int = Field(20, gt=0, le=10**4)
     num_classes: int = Field(10, gt=1, le=10**4)
+    shape: list[int] | None = Field(None, min_length=1, max_length=3)
+    """synthetic: each sample's features as an array of this shape, e.g. [32, 32, 3] for a CIFAR-shaped task
+    (image models read (H, W, C) as an image); num_features is then their product."""
     sampling: Literal["partition", "replacement"] = "partition"
     """partition: worker i draws reshuffled epochs of every N-th sample; replacement: each worker draws
     from the whole training set with replacement (seeded per worker), for more workers than a partition
@@ -59,6 +63,13 @@ class DataSpec(Section):
         """npz needs a path; processes that load the data need its files, checked before anything starts."""
         if self.name == "npz" and not self.path:
             raise ValueError("path is required when name is npz")
+        if self.shape is not None:
+            if self.name != "synthetic" or min(self.shape) < 1:
+                raise ValueError("shape: positive sizes, for name synthetic only")
+            if "num_features" in self.model_fields_set and self.num_features != math.prod(self.shape):
+                raise ValueError(f"num_features {self.num_features} is not the product of shape {self.shape}; "
+                                 "give one of them")
+            self.num_features = math.prod(self.shape)
         if (checks := checks_of(info)) and (problems := checks.data(self.name, self.path, role_of(info))):
             raise Problems(problems)
         return self

@@ -60,8 +60,25 @@ def run_metrics(run_dir: Path, target: float, smooth: int, last: int) -> dict[st
         "switch_overhead_s": overhead.get("median"),
         "total_time_s": summary["wall_time_s"],
         "updates": summary["updates"],
+        "bytes_sent": bytes_sent(run_dir, summary),
         **switch_dip(run_dir, acc),
     }
+
+
+def bytes_sent(run_dir: Path, summary: dict[str, Any]) -> float | None:
+    """The bytes the workers pushed: one model vector in the wire's type per push the PS took in (accepted,
+    or dropped as late, as a backup worker's is), whether it carried a gradient or the movement of H local
+    steps; None for a record without the model's size (``model_initialized``) or the push counts."""
+    import yaml
+
+    from switchps.protos.wire_dtype import wire_nbytes
+
+    size = next((e["parameters"] for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+                 if e["event"] == "model_initialized"), None)
+    if size is None or "pushes_accepted" not in summary:
+        return None
+    wire = (yaml.safe_load((run_dir / "config.yaml").read_text()).get("runtime") or {}).get("wire_dtype", "float32")
+    return float((summary["pushes_accepted"] + summary["pushes_dropped"]) * wire_nbytes(int(size), wire))
 
 
 def switch_dip(run_dir: Path, acc: Accuracy) -> dict[str, float | None]:

@@ -110,6 +110,8 @@ def _ratio_text(c: dict[str, Any] | None) -> str:
 
 
 def _format(metric: str) -> str:
+    if metric == "bytes_sent":
+        return ".4g"
     return ".4f" if metric in ("final_accuracy", "worker_utilization") else ".2f" if "points" in metric else ".1f"
 
 

@@ -26,7 +26,8 @@ from switchps.studies.report import report
 from switchps.studies.spec import StudySpec
 from switchps.studies.sweep import sweep_report
 
-PACKAGED = ("amb-vs-fmb", "dynamic-batching", "scale", "sync-switch", "switch-config")
+PACKAGED = ("amb-vs-fmb", "dynamic-batching", "local-steps-stragglers", "post-local-sgd", "scale", "sync-switch",
+            "switch-config")
 
 
 def packaged(name: str) -> Path:

@@ -46,12 +46,15 @@ METRICS = {
     "switch_overhead_s": "switch overhead (s)",
     "total_time_s": "total time (s)",
     "updates": "updates",
+    "bytes_sent": "bytes sent",
     "dip_points": "dip after the switch (points)",
     "recovery_s": "recovery after the switch (s)",
 }
 """Every metric a study may report, with its column title (computed by ``studies.metrics``)."""
-RATIO_METRICS = {"time_to_target_s": "speedup to the target", "total_time_s": "speedup in total time"}
-"""Metrics also reported as the reference's value over the arm's, paired by seed (higher is faster)."""
+RATIO_METRICS = {"time_to_target_s": "speedup to the target", "total_time_s": "speedup in total time",
+                 "bytes_sent": "fewer bytes sent"}
+"""Metrics also reported as the reference's value over the arm's, paired by seed (higher is faster, or for
+bytes sent, less)."""
 
 
 class Target(Section):

@@ -81,20 +81,21 @@ def cache_dir() -> Path:
 
 
 def load_dataset(name: str, *, path: str | None = None, seed: int = 0, test_fraction: float = 0.2,
-                 num_samples: int = 10000, num_features: int = 20, num_classes: int = 10) -> Dataset:
+                 num_samples: int = 10000, num_features: int = 20, num_classes: int = 10,
+                 shape: tuple[int, ...] | None = None) -> Dataset:
     """Load dataset ``name`` (one of ``DATASETS``).
 
     ``path`` overrides the file (mnist, npz) or directory (fashion_mnist,
     cifar10, cifar100). ``seed`` and ``test_fraction`` drive the splits of
-    digits, synthetic and npz files without a test set; ``num_*`` shape the
-    synthetic data.
+    digits, synthetic and npz files without a test set; ``num_*`` size the
+    synthetic data, and ``shape`` (of ``num_features`` elements) shapes each sample.
     """
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if name == "digits":
         return _digits(seed, test_fraction)
     if name == "synthetic":
-        return _synthetic(seed, test_fraction, num_samples, num_features, num_classes)
+        return _synthetic(seed, test_fraction, num_samples, num_features, num_classes, shape)
     files = locate_files(name, path)
     if name == "mnist":
         return _mnist(files[0])
@@ -111,7 +112,8 @@ def configured_dataset(cfg: RunConfig) -> Dataset:
     """The dataset ``cfg.data`` names, split by the run's seed."""
     d = cfg.data
     return load_dataset(d.name, path=d.path, seed=cfg.seed, test_fraction=d.test_fraction,
-                        num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes)
+                        num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes,
+                        shape=tuple(d.shape) if d.shape else None)
 
 
 def locate_files(name: str, path: str | None) -> list[Path]:
@@ -165,7 +167,8 @@ def _digits(seed: int, test_fraction: float) -> Dataset:
     return _split((d.data / 16).astype(np.float32), d.target.astype(np.int32), seed, test_fraction, 10)
 
 
-def _synthetic(seed: int, test_fraction: float, num_samples: int, num_features: int, num_classes: int) -> Dataset:
+def _synthetic(seed: int, test_fraction: float, num_samples: int, num_features: int, num_classes: int,
+               shape: tuple[int, ...] | None) -> Dataset:
     from sklearn.datasets import make_classification
     from sklearn.preprocessing import StandardScaler
 
@@ -178,7 +181,8 @@ def _synthetic(seed: int, test_fraction: float, num_samples: int, num_features: 
         n_clusters_per_class=2 if 2 * num_classes <= 2**informative else 1, random_state=seed)
     d = _split(x, y.astype(np.int32), seed, test_fraction, num_classes)
     scaler = StandardScaler().fit(d.x_train)
-    d.x_train, d.x_test = (scaler.transform(a).astype(np.float32) for a in (d.x_train, d.x_test))
+    d.x_train, d.x_test = (scaler.transform(a).astype(np.float32).reshape(-1, *(shape or (num_features,)))
+                           for a in (d.x_train, d.x_test))
     return d
 
 
