@@ -301,8 +301,8 @@ def _record_parsers(sub: Any) -> None:
 
 
 def _study_parser(st: argparse.ArgumentParser) -> None:
-    st.add_argument("study", help="a study file, or a packaged study: amb-vs-fmb, dynamic-batching, scale, "
-                                  "sync-switch, switch-config")
+    st.add_argument("study", help="a study file, or a packaged study: amb-vs-fmb, dynamic-batching, "
+                                  "local-steps-stragglers, post-local-sgd, scale, sync-switch, switch-config")
     st.add_argument("--out", help="directory for the runs, study.json and study.png (default runs/<study>); "
                                   "run again with the same --out to resume")
     st.add_argument("--repeats", type=int, help="seeds per arm (default: the file's)")
