@@ -30,7 +30,7 @@ from switchps.optim.optimizers import Optimizer, optimizer_factory
 from switchps.protos.codec import COPIES
 from switchps.protos.wire_dtype import narrow
 from switchps.straggler_trace import StepDelays
-from switchps.worker.steps import Budget, Step, StepRunner
+from switchps.worker.steps import Budget, Order, Step, StepRunner
 from switchps.workload.frameworks import Computer
 
 
@@ -44,20 +44,11 @@ class Steps(Protocol):
     def batch(self) -> int: ...
 
 
-class LocalOrder(Protocol):
+class LocalOrder(Order, Protocol):
     """A work order with local steps: the wire's ``pb.WorkOrder`` or the simulator's ``WorkOrder``."""
 
     @property
     def local(self) -> Steps: ...
-
-    @property
-    def sample_budget(self) -> int: ...
-
-    @property
-    def time_budget_s(self) -> float | None: ...
-
-    @property
-    def micro_batch(self) -> int: ...
 
 
 @dataclass(frozen=True)
