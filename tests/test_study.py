@@ -19,7 +19,8 @@ from switchps.config.run import ConfigError
 from switchps.straggler_trace import load_trace
 from switchps.studies import runner
 from switchps.studies.metrics import run_metrics
-from switchps.studies.report import PROTOCOL_COLORS, compare, plot_study, study_table
+from switchps.runs.colors import PROTOCOL_COLORS
+from switchps.studies.report import compare, plot_study, study_table
 from switchps.studies.runner import PACKAGED, finished_runs, packaged, run_study
 from switchps.studies.spec import StudySpec, load_study
 from switchps.studies.sweep import plot_sweep
@@ -379,3 +380,11 @@ def test_a_second_study_on_the_same_out_is_refused_while_the_first_holds_it(tmp_
                            text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (out / "sweep.json").exists(), "the lock ends with the process that held it"
+
+
+def test_every_protocol_has_its_own_colour():
+    """One colour per protocol name, the same in a run's plots and a study's lanes (``runs.colors``)."""
+    from switchps import names
+
+    assert list(PROTOCOL_COLORS) == list(names.PROTOCOLS)
+    assert len({matplotlib.colors.to_rgb(c) for c in PROTOCOL_COLORS.values()}) == len(PROTOCOL_COLORS)

@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from switchps import resources
+from switchps.runs.colors import protocol_color
 from switchps.runs.record import Run, num, pairs, text
 
 PLOT_FILES = (  # and resources.png when the run sampled resources
@@ -32,15 +33,7 @@ PLOT_FILES = (  # and resources.png when the run sampled resources
 )
 WARMUP_STEPS = 1
 
-_PROTOCOL_COLORS = {"bsp": "tab:blue", "asp": "tab:orange", "ssp": "tab:green", "amb": "tab:red", "fmb": "tab:purple"}
-_EXTRA_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
 DPI = 120
-
-
-def _protocol_color(protocol: str, extras: dict[str, str]) -> str:
-    if protocol in _PROTOCOL_COLORS:
-        return _PROTOCOL_COLORS[protocol]
-    return extras.setdefault(protocol, _EXTRA_COLORS[len(extras) % len(_EXTRA_COLORS)])
 
 
 def _shade_protocols(ax: Axes, x: np.ndarray, protocols: np.ndarray, x_end: float) -> None:
@@ -57,11 +50,10 @@ def _shade_protocols(ax: Axes, x: np.ndarray, protocols: np.ndarray, x_end: floa
     starts = [0] + [i for i in range(1, len(x)) if protocols[i] != protocols[i - 1]]
     edges = [min(0.0, float(x[0]))] + [float(x[i]) for i in starts[1:]] + [max(x_end, float(x[-1]))]
     labelled: set[str] = set()
-    extras: dict[str, str] = {}
     for k, i in enumerate(starts):
         proto = str(protocols[i])
         ax.axvspan(
-            edges[k], edges[k + 1], color=_protocol_color(proto, extras), alpha=0.13, lw=0,
+            edges[k], edges[k + 1], color=protocol_color(proto), alpha=0.13, lw=0,
             label=None if proto in labelled else f"{proto} phase",
         )
         labelled.add(proto)

@@ -11,6 +11,7 @@ import numpy as np
 from rich.table import Table
 
 from switchps.jsonfile import write_json
+from switchps.runs.colors import PROTOCOL_COLORS, protocol_color
 from switchps.runs.record import console, read_csv
 from switchps.studies.metrics import Accuracy, final_accuracy, run_metrics
 from switchps.studies.spec import METRICS, RATIO_METRICS, StudySpec
@@ -19,8 +20,6 @@ from switchps.studies.stats import Estimate, RatioEstimate, estimate, paired_dif
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-PROTOCOL_COLORS = {"bsp": "tab:blue", "asp": "tab:orange", "ssp": "tab:green", "amb": "tab:red",
-                   "fmb": "tab:purple", "kasync": "tab:brown", "timed": "tab:pink", "backup": "tab:olive"}
 
 
 def target_of(spec: StudySpec, runs: dict[tuple[str, int], Path]) -> float:
@@ -145,7 +144,7 @@ def plot_study(spec: StudySpec, runs: dict[tuple[str, int], Path], target: float
            title=f"{spec.study}: mean over {spec.repeats} seeds with 95 % band; dashed: the target")
     ax.legend(ncol=3)
     lanes[-1].set_xlabel("time (s); protocol in force (first seed): " +
-                         ", ".join(f"{p}={c.split(':')[1]}" for p, c in PROTOCOL_COLORS.items()))
+                         ", ".join(f"{p}={c.removeprefix('tab:')}" for p, c in PROTOCOL_COLORS.items()))
     fig.savefig(path, dpi=110)
     return fig
 
@@ -193,5 +192,5 @@ def _timeline(lane: Any, ps: dict[str, np.ndarray]) -> None:
     start = 0.0
     for i in range(len(protos)):
         if i + 1 == len(protos) or protos[i + 1] != protos[i]:
-            lane.axvspan(start, times[i], color=PROTOCOL_COLORS.get(str(protos[i]), "grey"), alpha=0.6, lw=0)
+            lane.axvspan(start, times[i], color=protocol_color(str(protos[i])), alpha=0.6, lw=0)
             start = times[i]
