@@ -124,6 +124,7 @@ def plot_study(spec: StudySpec, runs: dict[tuple[str, int], Path], target: float
     assert isinstance(parts, np.ndarray)
     ax = parts[0].subplots()
     lanes = np.atleast_1d(parts[1].subplots(len(spec.arms), 1, sharex=True))
+    shown: set[str] = set()
     for lane, arm in zip(lanes, spec.arms):
         dirs = [d for (a, _), d in sorted(runs.items()) if a == arm]
         if not dirs:
@@ -136,15 +137,15 @@ def plot_study(spec: StudySpec, runs: dict[tuple[str, int], Path], target: float
         if len(ys) > 1:
             half = np.array([estimate(list(col)).ci95 or 0.0 for col in ys.T])
             ax.fill_between(grid, mean - half, mean + half, alpha=0.2)
-        _timeline(lane, read_csv(dirs[0] / "ps.csv"))
+        shown |= _timeline(lane, read_csv(dirs[0] / "ps.csv"))
         lane.set_yticks([])
         lane.set_ylabel(arm, rotation=0, ha="right", va="center")
     ax.axhline(target, ls="--", c="grey", lw=0.8)
     ax.set(xlabel="time (s)", ylabel=f"test accuracy (mean of last {spec.smooth_evals} evals)",
            title=f"{spec.study}: mean over {spec.repeats} seeds with 95 % band; dashed: the target")
     ax.legend(ncol=3)
-    lanes[-1].set_xlabel("time (s); protocol in force (first seed): " +
-                         ", ".join(f"{p}={c.removeprefix('tab:')}" for p, c in PROTOCOL_COLORS.items()))
+    lanes[-1].set_xlabel("time (s); protocol in force (first seed): " + ", ".join(
+        f"{p}={c.removeprefix('tab:')}" for p, c in PROTOCOL_COLORS.items() if p in shown))
     fig.savefig(path, dpi=110)
     return fig
 
@@ -187,10 +188,12 @@ def loss_after_switch(run_dir: Path) -> np.ndarray | None:
     return None
 
 
-def _timeline(lane: Any, ps: dict[str, np.ndarray]) -> None:
+def _timeline(lane: Any, ps: dict[str, np.ndarray]) -> set[str]:
+    """Shade ``lane`` by the protocol in force over time; the protocols shown."""
     times, protos = ps["time_s"], ps["protocol"]
     start = 0.0
     for i in range(len(protos)):
         if i + 1 == len(protos) or protos[i + 1] != protos[i]:
             lane.axvspan(start, times[i], color=protocol_color(str(protos[i])), alpha=0.6, lw=0)
             start = times[i]
+    return {str(p) for p in protos}
