@@ -25,7 +25,7 @@ def test_each_name_validates_as_its_member(name, member):
 
 def test_a_field_of_another_protocol_is_one_line_naming_it():
     assert _problems({"protocol": {"name": "asp", "batch": 8, "backup_workers": 1, "window_s": 2}}) == [
-        "protocol.backup_workers: asp takes no backup_workers (a field of bsp, fmb, amb, backup)",
+        "protocol.backup_workers: asp takes no backup_workers (a field of bsp, fmb, amb, backup, local_sgd, diloco)",
         "protocol.window_s: asp takes no window_s (a field of timed)"]
     assert _problems({"protocol": {"name": "bsp", "time_budget_s": 0.5}}) == [
         "protocol.time_budget_s: bsp takes no time_budget_s (a field of amb)"]
@@ -49,7 +49,7 @@ def test_a_new_name_drops_the_old_protocols_defaults_and_reports_what_was_set():
     assert type(load_config(None, ["protocol.name=amb", "protocol.time_budget_s=0.5"]).protocol) is AMB
     raw = {"protocol": {"name": "bsp", "deadline_s": 5.0, "backup_workers": 0}}
     assert _problems(raw, ["protocol.name=kasync"]) == [
-        "protocol.deadline_s: kasync takes no deadline_s (a field of bsp, fmb, amb, ssp, backup)"]
+        "protocol.deadline_s: kasync takes no deadline_s (a field of bsp, fmb, amb, ssp, backup, local_sgd, diloco)"]
     assert type(parse_config({"protocol": {"deadline_s": 5.0}}, ["protocol.name=ssp"]).protocol) is SSP, \
         "a field the new protocol takes carries over"
 

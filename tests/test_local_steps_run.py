@@ -50,8 +50,7 @@ def check_local(row: dict[str, str]) -> None:
     workers = row["workers"].split(";")
     if row["protocol"] in ("local_sgd", "diloco"):  # a round: both workers' movements (a gradient is applied alone)
         assert len(workers) == 2, row
-    if "local_steps" in row:  # the PS's record of them (ps.csv gains the column with the outer optimizers):
-        assert int(row["local_steps"]) in (H, H * len(workers)), row  # per push, or summed
+    assert int(row["local_steps"]) == H * len(workers), row  # the PS's record: the local steps behind the update
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -73,10 +72,10 @@ def test_each_local_protocol_trains_between_live_switches_with_every_push_of_h_l
     assert {r["protocol"] for r in updates} == set(walk), "every phase made updates"
     for r in updates:  # a switch waits for the round in flight: no push of the other kind joins an update
         if r["protocol"] == "bsp":
-            assert int(r["b_min"]) == int(r["b_max"]) == B, r
+            assert int(r["b_min"]) == int(r["b_max"]) == B and int(r["local_steps"]) == 0, r
         elif r["protocol"] == "amb":  # as many whole local steps as started within T: at least one, at most H
             assert int(r["b_min"]) % B == int(r["b_max"]) % B == 0 and B <= int(r["b_min"]) <= int(r["b_max"]) <= H * B
-            assert len(r["workers"].split(";")) == 2, r
+            assert len(r["workers"].split(";")) == 2 and int(r["local_steps"]) * B == int(r["samples"]), r
         else:
             check_local(r)
     applied = sum(len(r["pushes"].split(";")) for r in updates)
