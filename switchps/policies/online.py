@@ -124,8 +124,8 @@ class Anytime(_Detecting):
     as many of its H local steps as fit in T).
 
     T = ``factor`` x median(compute_s of the non-straggling workers): the time a fast worker takes
-    for its batch (or its H local steps), so fast workers keep about the same batch while stragglers contribute what they
-    can within T instead of holding up every round. ``micro_batch``, if given, is set with the switch.
+    for its batch (or its H local steps), so fast workers keep about the same batch while stragglers
+    contribute what they can within T instead of holding up every round. ``micro_batch``, if given, is set with the switch.
 
     Stragglers are judged on time per sample (step_time_s / samples) rather than step time: under
     AMB every worker is busy for about T, so only the time per sample still tells a straggler apart.

@@ -89,7 +89,8 @@ def update_row(a: Apply) -> dict[str, Any]:
     members = a.aggregate.members
     b, staleness = [m.samples for m in members], [m.staleness for m in members]
     return dict(version=a.version, protocol=a.protocol, workers=";".join(str(m.worker) for m in members),
-                samples=sum(b), local_steps=a.aggregate.local_steps, staleness_max=max(staleness), staleness_mean=sum(staleness) / len(staleness),
+                samples=sum(b), local_steps=a.aggregate.local_steps, staleness_max=max(staleness),
+                staleness_mean=sum(staleness) / len(staleness),
                 train_loss=sum(m.loss_sum for m in members) / sum(b), b_min=min(b), b_mean=sum(b) / len(b),
                 b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s,
                 pushes=";".join(f"{m.worker}:{m.session}:{m.step}" for m in members))

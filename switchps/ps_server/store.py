@@ -155,8 +155,9 @@ class ModelStore:
 
         The sum holds the summed gradient over ``samples`` followed by the sum of ``contributors``
         workers' state; the update applies their means and consumes the sum (its buffer returns to the
-        pool): with the run's optimizer, or, for movements, with ``outer``'s (the module docstring). ``on_applied(lr)`` runs where the update runs, before the snapshot's last chunk is
-        published, so a reader that has the whole snapshot also sees the update recorded.
+        pool): with the run's optimizer, or, for movements, with ``outer``'s (the module docstring).
+        ``on_applied(lr)`` runs where the update runs, before the snapshot's last chunk is published, so a
+        reader that has the whole snapshot also sees the update recorded.
         """
         with self.lock:
             self.version += 1

@@ -6,8 +6,9 @@ entry at each change); per flush: samples/s; per worker step of workers 0 to 63 
 step): its step time (a larger run's others are in workers.csv: ten thousand tags help nobody, and
 cost a simulation a tenth of its time); per model version that pushes of local steps started from (step =
 their ``base_version``), over those pushes in a flush: the inner loss (the mean of a push's local steps'
-losses) and the outer loss (its first local step's: the loss at that version's values); per evaluation: test accuracy and loss. A sharded PS's follower
-K writes ``tensorboard/shard-K/`` (``shard_scalars``). `tensorboard --logdir runs/` shows every run.
+losses) and the outer loss (its first local step's: the loss at that version's values); per evaluation:
+test accuracy and loss. A sharded PS's follower K writes ``tensorboard/shard-K/`` (``shard_scalars``).
+`tensorboard --logdir runs/` shows every run.
 
 The events are written in the flusher's own thread, straight to the file (``EventFile``): one event per
 update holds all of that update's scalars. tensorboardX's ``SummaryWriter`` sent every scalar as an
