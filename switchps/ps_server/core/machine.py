@@ -113,6 +113,10 @@ class Core:
         """Raise ``Rejected`` unless a worker index and partition size are plausible, and the worker can take
         local steps if the protocol in force has them."""
         self.lifecycle.check_register(worker, partition_size)
+        self._check_local(worker, local_steps)
+
+    def _check_local(self, worker: int, local_steps: bool) -> None:
+        """Raise ``Rejected`` if the worker cannot take local steps and the protocol in force has them."""
         pending = self.switching.pending  # a switch waiting for its round is as good as in force
         spec = pending.new if pending is not None and pending.new.local else self.spec
         if not local_steps and spec.local:
@@ -134,7 +138,7 @@ class Core:
 
     def register(self, worker: int, partition_size: int, now: float, local_steps: bool = True) -> list[Action]:
         """A worker registers (again, after a restart: it rejoins). Raises ``Rejected`` for a bad one."""
-        self.check_register(worker, partition_size, local_steps)
+        self._check_local(worker, local_steps)  # the lifecycle checks the rest
         self.outbox.add(self.lifecycle.register(worker, partition_size, now, self.version, local_steps))
         self._maybe_start(now)
         return self._flush(now)
