@@ -224,6 +224,25 @@ def test_synthetic_takes_a_sample_shape_such_as_cifars():
             DataSpec(**bad)
 
 
+def test_synthetic_informative_features_reach_the_generator_and_are_bounded():
+    kw = dict(num_samples=300, num_features=40, num_classes=10, seed=2)
+    more = load_dataset("synthetic", informative=24, **kw)
+    assert not np.array_equal(more.x_train, load_dataset("synthetic", **kw).x_train), "the default is 10"
+    cfg = parse_config({"data": {"name": "synthetic", "num_samples": 300, "num_features": 40, "informative": 24},
+                        "train": {"steps": 1}, "seed": 2}, [])
+    assert np.array_equal(configured_dataset(cfg).x_train, more.x_train), "a run config's informative reaches the data"
+    apart = load_dataset("synthetic", informative=24, class_sep=4.0, **kw)
+    assert not np.array_equal(apart.x_train, more.x_train), "class_sep reaches the generator"
+    cfg = parse_config({"data": {"name": "synthetic", "num_samples": 300, "num_features": 40, "informative": 24,
+                                 "class_sep": 4.0}, "train": {"steps": 1}, "seed": 2}, [])
+    assert np.array_equal(configured_dataset(cfg).x_train, apart.x_train), "and a run config's class_sep"
+    for bad, problem in (({"num_features": 20, "informative": 21}, "informative 21 is more than num_features 20"),
+                         ({"num_features": 20, "informative": 3}, "10 classes need more than 3 informative"),
+                         ({"num_features": 3}, "10 classes need more than 3 informative")):
+        with pytest.raises(ValueError, match=problem):
+            DataSpec(name="synthetic", **bad)
+
+
 def test_unknown_dataset_and_bad_fraction():
     with pytest.raises(ValueError, match=", ".join(DATASETS)):
         load_dataset("imagenet")

@@ -45,6 +45,11 @@ class DataSpec(Section):
     """synthetic (generated in memory): at most 10**7 samples, and 10**4 features and classes."""
     num_features: int = Field(20, gt=0, le=10**4)
     num_classes: int = Field(10, gt=1, le=10**4)
+    informative: int | None = Field(None, gt=0, le=10**4)
+    """synthetic: how many features carry the class (make_classification's informative ones; default
+    min(num_features, 10)); the rest are 2 redundant combinations of them and noise."""
+    class_sep: float = Field(1.0, gt=0, le=100)
+    """synthetic: how far apart the classes' clusters lie (make_classification's class_sep): larger is easier."""
     shape: list[int] | None = Field(None, min_length=1, max_length=3)
     """synthetic: each sample's features as an array of this shape, e.g. [32, 32, 3] for a CIFAR-shaped task
     (image models read (H, W, C) as an image); num_features is then their product."""
@@ -70,6 +75,12 @@ class DataSpec(Section):
                 raise ValueError(f"num_features {self.num_features} is not the product of shape {self.shape}; "
                                  "give one of them")
             self.num_features = math.prod(self.shape)
+        if self.informative is not None and self.informative > self.num_features:
+            raise ValueError(f"informative {self.informative} is more than num_features {self.num_features}")
+        informative = min(self.num_features, 10) if self.informative is None else self.informative
+        if self.name == "synthetic" and self.num_classes > 2**informative:
+            raise ValueError(f"{self.num_classes} classes need more than {informative} informative features "
+                             "(at most 2**informative classes)")
         if (checks := checks_of(info)) and (problems := checks.data(self.name, self.path, role_of(info))):
             raise Problems(problems)
         return self

@@ -82,20 +82,24 @@ def cache_dir() -> Path:
 
 def load_dataset(name: str, *, path: str | None = None, seed: int = 0, test_fraction: float = 0.2,
                  num_samples: int = 10000, num_features: int = 20, num_classes: int = 10,
-                 shape: tuple[int, ...] | None = None) -> Dataset:
+                 shape: tuple[int, ...] | None = None, informative: int | None = None,
+                 class_sep: float = 1.0) -> Dataset:
     """Load dataset ``name`` (one of ``DATASETS``).
 
     ``path`` overrides the file (mnist, npz) or directory (fashion_mnist,
     cifar10, cifar100). ``seed`` and ``test_fraction`` drive the splits of
     digits, synthetic and npz files without a test set; ``num_*`` size the
-    synthetic data, and ``shape`` (of ``num_features`` elements) shapes each sample.
+    synthetic data (``informative``: the features that carry the class; ``class_sep``: how far apart the
+    classes lie), and ``shape`` (of
+    ``num_features`` elements) shapes each sample.
     """
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if name == "digits":
         return _digits(seed, test_fraction)
     if name == "synthetic":
-        return _synthetic(seed, test_fraction, num_samples, num_features, num_classes, shape)
+        return _synthetic(seed, test_fraction, num_samples, num_features, num_classes, shape, informative,
+                          class_sep)
     files = locate_files(name, path)
     if name == "mnist":
         return _mnist(files[0])
@@ -113,7 +117,8 @@ def configured_dataset(cfg: RunConfig) -> Dataset:
     d = cfg.data
     return load_dataset(d.name, path=d.path, seed=cfg.seed, test_fraction=d.test_fraction,
                         num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes,
-                        shape=tuple(d.shape) if d.shape else None)
+                        shape=tuple(d.shape) if d.shape else None, informative=d.informative,
+                        class_sep=d.class_sep)
 
 
 def locate_files(name: str, path: str | None) -> list[Path]:
@@ -168,17 +173,17 @@ def _digits(seed: int, test_fraction: float) -> Dataset:
 
 
 def _synthetic(seed: int, test_fraction: float, num_samples: int, num_features: int, num_classes: int,
-               shape: tuple[int, ...] | None) -> Dataset:
+               shape: tuple[int, ...] | None, informative: int | None, class_sep: float) -> Dataset:
     from sklearn.datasets import make_classification
     from sklearn.preprocessing import StandardScaler
 
-    informative = min(num_features, 10)
+    informative = min(num_features, 10) if informative is None else informative
     if num_classes > 2**informative:
-        raise ValueError(f"synthetic: {num_classes} classes need more than {num_features} features")
+        raise ValueError(f"synthetic: {num_classes} classes need more than {informative} informative features")
     x, y = make_classification(
         n_samples=num_samples, n_features=num_features, n_informative=informative,
         n_redundant=min(2, num_features - informative), n_repeated=0, n_classes=num_classes,
-        n_clusters_per_class=2 if 2 * num_classes <= 2**informative else 1, random_state=seed)
+        n_clusters_per_class=2 if 2 * num_classes <= 2**informative else 1, class_sep=class_sep, random_state=seed)
     d = _split(x, y.astype(np.int32), seed, test_fraction, num_classes)
     scaler = StandardScaler().fit(d.x_train)
     d.x_train, d.x_test = (scaler.transform(a).astype(np.float32).reshape(-1, *(shape or (num_features,)))
