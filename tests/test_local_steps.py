@@ -416,7 +416,7 @@ def test_a_users_own_loop_takes_h_local_steps_then_pushes_what_its_model_moved(f
     np.testing.assert_allclose(payload[n:], end[n:], rtol=1e-6)  # BatchNorm's running statistics
     np.testing.assert_allclose(stats["local_loss_sums"], losses, rtol=1e-5)
     assert stats["loss_sum"] == pytest.approx(sum(losses), rel=1e-5)
-    np.testing.assert_array_equal(flat.read(), answer if fresh else start), "the reply's values, or the start's"
+    np.testing.assert_array_equal(flat.read(), answer if fresh else start)  # the reply's values, or the start's
     assert all(p.grad is None for p in model.parameters())
 
 

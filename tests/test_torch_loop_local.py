@@ -41,17 +41,21 @@ def model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 
 
+def share(rank: int, workers: int) -> torch.utils.data.Subset:
+    """Worker ``rank``'s share of digits."""
+    return torch.utils.data.Subset(DATA, range(rank, len(DATA), workers))
+
+
 def loader(rank: int, workers: int) -> torch.utils.data.DataLoader:
-    """Worker ``rank``'s share of digits, in a fixed order."""
-    share = torch.utils.data.Subset(DATA, range(rank, len(DATA), workers))
-    return torch.utils.data.DataLoader(share, batch_size=B)
+    """Worker ``rank``'s share, in a fixed order."""
+    return torch.utils.data.DataLoader(share(rank, workers), batch_size=B)
 
 
 def train(config: Path, rank: int, workers: int, net: torch.nn.Module, compute_s: float = 0.0) -> dict[str, Any]:
     """The README's loop, as a user writes it (``compute_s``: a slower device's time per micro-batch); the
     pushes made, and the model's values after the first push (the reply's: the PS's after its first update)."""
     data, flat = loader(rank, workers), FlatParams(net)
-    ps = join(config, worker=rank, model=net, samples=len(data.dataset))
+    ps = join(config, worker=rank, model=net, samples=len(share(rank, workers)))
     first = None
     while not ps.stop:
         for x, y in ps.batches(data):

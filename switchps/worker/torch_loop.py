@@ -7,6 +7,7 @@
         for x, y in ps.batches(loader):                # micro-batches until the order's sample or time budget ends
             F.cross_entropy(model(x), y, reduction="sum").backward()   # Σ per-sample gradients in p.grad
         ps.step()                                      # push Σg with b, load the reply's values, clear p.grad
+                                                       # (under local steps: a local step; every H-th pushes)
 
 The PS holds the optimizer, as BytePS's ``DistributedOptimizer`` holds the reduction and hivemind's
 ``Optimizer`` the global batch: there is no local ``optimizer.step()``. The gradient pushed is the sum over
@@ -20,9 +21,9 @@ run, to its run directory), then one process per worker, each calling ``join`` w
 ``[0, cluster.workers)``: it reads ``cluster.ps`` and ``security`` from the same YAML as ``switchps
 worker`` does, and pushes through shared memory when the PS is on its host. Training starts once every
 worker has joined. The PS ends the run (``train.steps``, ``epochs`` or ``seconds``) with a stop in the
-next work order: ``ps.stop`` turns true, the model holds the final values, and the PS writes
-``summary.json`` and exits after ``eval.final_timeout_s`` unless an evaluator (``switchps evaluator
-run.yaml``, for a model the config builds) reported a final evaluation.
+next work order: ``ps.stop`` turns true, the model holds the last values the PS sent (a stop brings
+none), and the PS writes ``summary.json`` and exits after ``eval.final_timeout_s`` unless an evaluator
+(``switchps evaluator run.yaml``, for a model the config builds) reported a final evaluation.
 
 Local steps (local SGD, DiLoCo, their asynchronous forms, anytime local SGD: an order whose ``local`` is set)
 need no change to the loop. ``ps.batches(loader)`` then yields one local step's micro-batches (the order's
@@ -31,9 +32,10 @@ of the round's start values, loads θ into the model and clears the gradients; o
 round pushes, ``samples * (θ_start - θ_end)`` over the trainable part then the buffers, as a switchps worker
 does (``worker.local_steps``). So under local orders ``ps.step()`` pushes every H-th call (``ps.steps``
 counts pushes), or, under a time budget T, the first call after T ended (at least one local step, at most
-H). The reply's values are loaded, and its order may be another round or, after a live switch, a gradient
-step. The inner optimizer's state persists across rounds unless the order resets it. The inner step runs
-on the host: on a GPU each local step copies the gradient down and θ up once (the current cost).
+H). The reply's values are loaded (a reply without values, as a stop: the round's start values again), and
+its order may be another round or, after a live switch, a gradient step. The inner optimizer's state
+persists across rounds unless the order resets it. The inner step runs on the host: on a GPU each local
+step copies the gradient down and θ up once (the current cost).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from switchps.workload.torch.weights import FlatParams, copy_all, host_tensor
 
 
 @dataclass
-class Round:
+class OpenRound:
     """A round of local steps in progress: where its start values are (a reply's, which nothing rewrites
     until the round's push), when its time budget ends, and what its local steps took."""
 
@@ -84,7 +86,7 @@ class Worker:
         self._loss: torch.Tensor | float = 0.0
         self._inner = Inner(flat.trainable_size)
         """The inner optimizer of local steps, across rounds."""
-        self._round: Round | None = None
+        self._round: OpenRound | None = None
         self._theta: np.ndarray | None = None  # a round's θ, moved by its local steps
         self._pulled = self._load(session.pull(self.values).values)
         """Where the values the PS last sent (those the model holds between rounds) are."""
@@ -146,7 +148,7 @@ class Worker:
         progress), the model loaded with θ; when the round ends (``Taken.more``), its push."""
         order, clock = self.session.order, self.session.clock
         if self._round is None:
-            self._round = Round(self._pulled, Budget.of(order, self.session.received_at).end)
+            self._round = OpenRound(self._pulled, Budget.of(order, self.session.received_at).end)
             self._inner.begin(OptimizerSpec.model_validate_json(order.local.inner_optimizer),
                               order.local.reset_inner_state)
             self._theta = self._theta if self._theta is not None else np.empty(self.flat.size, np.float32)
