@@ -420,6 +420,27 @@ def test_a_users_own_loop_takes_h_local_steps_then_pushes_what_its_model_moved(f
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_users_own_loop_keeps_its_inner_state_across_rounds_unless_an_order_resets_it(reset) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    twin, flat = copy.deepcopy(model), FlatParams(model)
+    start = flat.read()
+    inner = spec(lr=0.1, momentum=0.9)
+    session = FakeSession([order(2, 4, inner=inner, reset=reset)] * 2 + [pb.WorkOrder(stop=True)], start)
+    assert users_loop(session, model, LOADER) == [0, 1, 1, 2]
+    batches, sgd = iter(LOADER * 2), torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    for payload, _, _ in session.pushed:  # each round from the reply's values (the start's), as torch would
+        FlatParams(twin).assign(start)
+        sgd = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9) if reset else sgd
+        for _ in range(2):
+            x, y = next(batches)
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(twin(x), y).backward()
+            sgd.step()
+        np.testing.assert_allclose(payload, 8 * (start - FlatParams(twin).read()), atol=1e-5)
+
+
 def test_a_users_own_loop_ends_a_round_when_the_time_budget_does_after_whole_local_steps() -> None:
     clock = FakeClock()  # T = 25 ms from the order's arrival; each local step (one micro-batch) costs 10
     session = FakeSession([order(5, 4, time_budget_s=0.025), order(2, 4, time_budget_s=0.025),

@@ -52,6 +52,7 @@ from torch import nn
 
 from switchps.config.optimizer import OptimizerSpec
 from switchps.config.run import ConfigError, load_config
+from switchps.protos.codec import COPIES
 from switchps.worker.local_steps import Inner, Taken, local_stats, moved
 from switchps.worker.session import Batches, Session
 from switchps.worker.steps import Budget
@@ -153,6 +154,7 @@ class Worker:
                               order.local.reset_inner_state)
             self._theta = self._theta if self._theta is not None else np.empty(self.flat.size, np.float32)
             np.copyto(self._theta, self._pulled)
+            COPIES.add(self._theta.nbytes)  # a round's one host copy, as ``LocalRunner``'s
         r, theta, n, grad = self._round, self._theta, self._inner.trainable, self._scratch()
         assert theta is not None and self._batches is not None
         self._gather(grad)
