@@ -1,7 +1,7 @@
 """A worker's local steps (issue 46) without sockets or sleeps, on a fake clock: the inner optimizer across
-rounds, the movement payload, the round's timing under a time budget, and a worker's round against a fake
-session; with a quadratic computer (exact arithmetic to check) and each framework's real one (H local steps
-are H steps of the model)."""
+rounds, the movement payload, the round's timing under a time budget, and a worker's round (the switchps
+worker's and a user's own loop's, ``torch_loop``) against a fake session; with a quadratic computer (exact
+arithmetic to check) and each framework's real one (H local steps are H steps of the model)."""
 
 from __future__ import annotations
 
