@@ -1,10 +1,11 @@
 """A worker's local steps (issue 46) without sockets or sleeps, on a fake clock: the inner optimizer across
-rounds, the movement payload, the round's timing under a time budget, and a worker's round against a fake
-session; with a quadratic computer (exact arithmetic to check) and each framework's real one (H local steps
-are H steps of the model)."""
+rounds, the movement payload, the round's timing under a time budget, and a worker's round (the switchps
+worker's and a user's own loop's, ``torch_loop``) against a fake session; with a quadratic computer (exact
+arithmetic to check) and each framework's real one (H local steps are H steps of the model)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -23,7 +24,7 @@ from switchps.worker.client import Reply
 from switchps.worker.local_steps import Inner, LocalRunner, moved, take_steps
 from switchps.worker.main import Worker
 from switchps.worker.steps import Sampler, StepRunner
-from switchps.worker.torch_loop import LocalStepsRefused, Worker as LoopWorker
+from switchps.worker.torch_loop import Worker as LoopWorker
 from switchps.workload.frameworks import FRAMEWORKS, Computer, framework
 from switchps.workload.torch.weights import FlatParams
 
@@ -323,7 +324,11 @@ class FakeSession:
         self.pushed.append((grad.copy(), samples, stats))
         self.step += 1
         self.orders.pop(0)
+        self.received_at = self.clock.now()
         return Reply(pb.PushReply(order=self.orders[0]), fresh=self.fresh, values=self.answer)
+
+    def close(self) -> None:
+        pass
 
 
 def worker(session: FakeSession) -> tuple[Worker, Quadratic]:
@@ -364,13 +369,83 @@ def test_a_worker_switches_between_gradients_and_local_steps_at_any_step() -> No
     assert w.intervals == 4, "each local step is a compute interval of the straggler plan"
 
 
-def test_a_users_own_loop_refuses_local_steps_naming_the_protocol_and_what_to_do() -> None:
-    model = torch.nn.Linear(3, 2)
+def users_loop(session: FakeSession, model: torch.nn.Module, loader: list, cost_s: float = 0.0) -> list[int]:
+    """The README's loop, unchanged, against ``session`` (its pull answers with the model's own values), each
+    micro-batch costing ``cost_s`` on the session's clock; ``ps.steps`` after each ``ps.step()``."""
     flat = FlatParams(model)
-    session = FakeSession([order(2, 4), pb.WorkOrder(stop=True)], np.zeros(flat.size, np.float32))
     session.pull = lambda params: Reply(pb.PullReply(order=session.order), fresh=True,  # type: ignore[attr-defined]
-                                        values=np.zeros(flat.size, np.float32))
-    loop = LoopWorker(session, model, flat)  # type: ignore[arg-type]
-    with pytest.raises(LocalStepsRefused, match="local_sgd.*local_steps 2.*switchps worker"):
-        next(iter(loop.batches([(torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64))])))
-    assert session.pushed == []
+                                        values=flat.read())
+    ps, steps = LoopWorker(session, model, flat), []  # type: ignore[arg-type]
+    while not ps.stop:
+        for x, y in ps.batches(loader):
+            ps.backward(torch.nn.functional.cross_entropy(model(x), y, reduction="sum"))
+            session.clock.sleep(cost_s)
+        ps.step()
+        steps.append(ps.steps)
+    return steps
+
+
+def bn_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+
+
+LOADER = [(torch.randn(4, 3, generator=torch.Generator().manual_seed(i)), torch.tensor([0, 1, 1, i % 2]))
+          for i in range(3)]
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_users_own_loop_takes_h_local_steps_then_pushes_what_its_model_moved(fresh) -> None:
+    model = bn_model()
+    twin, flat = copy.deepcopy(model), FlatParams(model)
+    start = flat.read()
+    answer = start + np.float32(1.0)
+    session = FakeSession([order(3, 4, inner=spec(lr=0.1)), pb.WorkOrder(stop=True)], answer, fresh=fresh)
+    assert users_loop(session, model, LOADER) == [0, 0, 1], "one push, at the round's end"
+    sgd, losses = torch.optim.SGD(twin.parameters(), lr=0.1), []  # the model's own steps: mean-loss SGD
+    for x, y in LOADER:
+        sgd.zero_grad()
+        loss = torch.nn.functional.cross_entropy(twin(x), y)
+        loss.backward()
+        sgd.step()
+        losses.append(4 * loss.item())
+    end, n = FlatParams(twin).read(), flat.trainable_size
+    (payload, samples, stats), = session.pushed
+    assert samples == 12 and stats["local_steps"] == 3 and not stats["batch_exhausted"]
+    np.testing.assert_allclose(payload[:n], 12 * (start[:n] - end[:n]), atol=1e-5)
+    np.testing.assert_allclose(payload[n:], end[n:], rtol=1e-6)  # BatchNorm's running statistics
+    np.testing.assert_allclose(stats["local_loss_sums"], losses, rtol=1e-5)
+    assert stats["loss_sum"] == pytest.approx(sum(losses), rel=1e-5)
+    np.testing.assert_array_equal(flat.read(), answer if fresh else start)  # the reply's values, or the start's
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_users_own_loop_keeps_its_inner_state_across_rounds_unless_an_order_resets_it(reset) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    twin, flat = copy.deepcopy(model), FlatParams(model)
+    start = flat.read()
+    inner = spec(lr=0.1, momentum=0.9)
+    session = FakeSession([order(2, 4, inner=inner, reset=reset)] * 2 + [pb.WorkOrder(stop=True)], start)
+    assert users_loop(session, model, LOADER) == [0, 1, 1, 2]
+    batches, sgd = iter(LOADER * 2), torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    for payload, _, _ in session.pushed:  # each round from the reply's values (the start's), as torch would
+        FlatParams(twin).assign(start)
+        sgd = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9) if reset else sgd
+        for _ in range(2):
+            x, y = next(batches)
+            sgd.zero_grad()
+            torch.nn.functional.cross_entropy(twin(x), y).backward()
+            sgd.step()
+        np.testing.assert_allclose(payload, 8 * (start - FlatParams(twin).read()), atol=1e-5)
+
+
+def test_a_users_own_loop_ends_a_round_when_the_time_budget_does_after_whole_local_steps() -> None:
+    clock = FakeClock()  # T = 25 ms from the order's arrival; each local step (one micro-batch) costs 10
+    session = FakeSession([order(5, 4, time_budget_s=0.025), order(2, 4, time_budget_s=0.025),
+                           pb.WorkOrder(stop=True)], FlatParams(bn_model()).read(), clock=clock,
+                          received_at=clock.now())
+    assert users_loop(session, bn_model(), LOADER, cost_s=0.01) == [0, 0, 1, 1, 2]
+    assert [(s["local_steps"], s["batch_exhausted"]) for _, _, s in session.pushed] == [(3, False), (2, True)]
+    assert [n for _, n, _ in session.pushed] == [12, 8]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -117,11 +117,30 @@ class Taken:
     def count(self) -> int:
         return len(self.samples)
 
+    def more(self, steps: int, now: float, end: float) -> bool:
+        """Whether the round takes another local step at ``now``: fewer than ``steps`` (H) were taken, and
+        either none was or T (ending at ``end``) has not ended. Once it takes no more, ``exhausted`` is set.
+        The one rule of a round, whoever takes its steps (``take_steps``, a user's loop)."""
+        if self.count < steps and (not self.count or now < end):
+            return True
+        self.exhausted = self.count == steps and now < end < math.inf
+        return False
+
     def report(self) -> StepDelays:
         """The round's delays as one push reports them: the straggler sleeps summed, the mean slowdown, the
-        communication delay (slept once, before the push)."""
+        communication delay (slept once, before the push); none for steps with no delays injected."""
         d = self.delays
+        if not d:
+            return StepDelays()
         return StepDelays(sum(x.sleep_s for x in d), sum(x.factor for x in d) / len(d), d[-1].comm_s)
+
+
+def local_stats(t: Taken) -> dict[str, Any]:
+    """A round of local steps' statistics, as its push reports them (``pb.StepStats``)."""
+    d = t.report()
+    return dict(compute_s=t.compute_s, sleep_s=t.sleep_s, loss_sum=sum(t.loss_sums), delay_sleep_s=d.sleep_s,
+                delay_factor=d.factor, delay_comm_s=d.comm_s, batch_exhausted=t.exhausted, overlapped=False,
+                local_steps=t.count, local_loss_sums=t.loss_sums)
 
 
 def take_steps(runner: StepRunner, order: LocalOrder, received_at: float, plan: Callable[[], StepDelays],
@@ -133,7 +152,7 @@ def take_steps(runner: StepRunner, order: LocalOrder, received_at: float, plan: 
     end = Budget.of(order, received_at).end
     taken = Taken()
     clock = runner.clock
-    while taken.count < order.local.steps and (not taken.count or clock.now() < end):
+    while taken.more(order.local.steps, clock.now(), end):
         delays = plan()
         s = runner.run(one, clock.now(), replace(delays, comm_s=0.0))
         after(s)
@@ -142,7 +161,6 @@ def take_steps(runner: StepRunner, order: LocalOrder, received_at: float, plan: 
         taken.delays.append(delays)
         taken.compute_s += s.compute_s
         taken.sleep_s += s.sleep_s
-    taken.exhausted = taken.count == order.local.steps and clock.now() < end < math.inf
     taken.sleep_s += runner.sleep(taken.delays[-1].comm_s)
     return taken
 

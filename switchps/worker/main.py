@@ -44,7 +44,7 @@ from switchps.protos import wire_dtype
 from switchps.protos.codec import COPIES
 from switchps.straggler_trace import StepDelays
 from switchps.worker.client import Reply
-from switchps.worker.local_steps import LocalRunner, Taken
+from switchps.worker.local_steps import LocalRunner, local_stats
 from switchps.worker.session import Session
 from switchps.workload.data import share, share_size
 from switchps.workload.frameworks import Computer, framework
@@ -116,7 +116,7 @@ class Worker:
         start = self.staged if self.staged is not None else self.gc.read()
         r = local.run(order, local.spec(order.local.inner_optimizer), order.local.reset_inner_state, ps.received_at,
                       start, lambda: self._plan(ps.clock.now()), ps.payload_area)
-        reply = ps.push(r.payload, r.samples, self.params, **_local_stats(r.taken))
+        reply = ps.push(r.payload, r.samples, self.params, **local_stats(r.taken))
         if reply.fresh:
             self._stage(reply)
         else:
@@ -216,14 +216,6 @@ def _stats(s: Step, delays: StepDelays, overlapped: bool) -> dict[str, Any]:
     return dict(compute_s=s.compute_s, sleep_s=s.sleep_s, loss_sum=s.loss_sum, delay_sleep_s=delays.sleep_s,
                 delay_factor=delays.factor, delay_comm_s=delays.comm_s, batch_exhausted=s.exhausted,
                 overlapped=overlapped)
-
-
-def _local_stats(t: Taken) -> dict[str, Any]:
-    """A round of local steps' statistics, as its push reports them."""
-    d = t.report()
-    return dict(compute_s=t.compute_s, sleep_s=t.sleep_s, loss_sum=sum(t.loss_sums), delay_sleep_s=d.sleep_s,
-                delay_factor=d.factor, delay_comm_s=d.comm_s, batch_exhausted=t.exhausted, overlapped=False,
-                local_steps=t.count, local_loss_sums=t.loss_sums)
 
 
 def _computer(cfg: RunConfig, index: int) -> tuple[Computer, int]:

@@ -39,9 +39,10 @@ class Session:
     and ``partition_size`` training samples (what ``train.epochs`` counts); ``read`` gives the initial
     values if the PS asks for them. ``framework`` and ``device`` are said at registration: the PS refuses a
     worker of another framework than the run's; so is ``local_steps``, whether the caller's loop obeys a
-    work order's local steps (the built-in worker loop does, a user's own loop does not), and the PS refuses
-    one that does not while the protocol in force has them. Used from one thread; between ``send`` and ``receive`` the
-    push runs on the session's thread, and the caller touches nothing of the session but ``receive``."""
+    work order's local steps (the built-in worker loop and a user's own, ``worker.torch_loop``, both do), and
+    the PS refuses one that does not while the protocol in force has them. Used from one thread; between
+    ``send`` and ``receive`` the push runs on the session's thread, and the caller touches nothing of the
+    session but ``receive``."""
 
     def __init__(self, cfg: RunConfig, index: int, layout: pb.Layout, size: int, partition_size: int,
                  read: Callable[[], np.ndarray], *, framework: str, device: str,
