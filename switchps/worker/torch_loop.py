@@ -21,8 +21,8 @@ run, to its run directory), then one process per worker, each calling ``join`` w
 ``[0, cluster.workers)``: it reads ``cluster.ps`` and ``security`` from the same YAML as ``switchps
 worker`` does, and pushes through shared memory when the PS is on its host. Training starts once every
 worker has joined. The PS ends the run (``train.steps``, ``epochs`` or ``seconds``) with a stop in the
-next work order: ``ps.stop`` turns true, the model holds the last values the PS sent (a stop brings
-none), and the PS writes ``summary.json`` and exits after ``eval.final_timeout_s`` unless an evaluator
+next work order: ``ps.stop`` turns true, the model holds the run's final values (the stop's reply brings
+them), and the PS writes ``summary.json`` and exits after ``eval.final_timeout_s`` unless an evaluator
 (``switchps evaluator run.yaml``, for a model the config builds) reported a final evaluation.
 
 Local steps (local SGD, DiLoCo, their asynchronous forms, anytime local SGD: an order whose ``local`` is set)
@@ -32,7 +32,7 @@ of the round's start values, loads θ into the model and clears the gradients; o
 round pushes, ``samples * (θ_start - θ_end)`` over the trainable part then the buffers, as a switchps worker
 does (``worker.local_steps``). So under local orders ``ps.step()`` pushes every H-th call (``ps.steps``
 counts pushes), or, under a time budget T, the first call after T ended (at least one local step, at most
-H). The reply's values are loaded (a reply without values, as a stop: the round's start values again), and
+H). The reply's values are loaded (a reply without values: the PS is still at the round's start values), and
 its order may be another round or, after a live switch, a gradient step. The inner optimizer's state
 persists across rounds unless the order resets it. The inner step runs on the host: on a GPU each local
 step copies the gradient down and θ up once (the current cost).

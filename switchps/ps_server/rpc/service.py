@@ -354,13 +354,13 @@ class ParameterServer:
 
     async def _send(self, reply: pb.PushReply | pb.PullReply, snapshot: Snapshot | None, worker: int,
                     segment: Segment | None = None, whole: bool = False) -> AsyncIterator[bytes]:
-        """Reply frames: the header, then the values (none if told to stop; into a shared push's ``segment``;
-        ``whole``: a ``PushSmall``'s reply, one message anyway, made in one copy from a deferred snapshot)."""
+        """Reply frames: the header, then the values (a stop's too: the run's final values, which a user's own
+        loop ends with; into a shared push's ``segment``; ``whole``: a ``PushSmall``'s reply, one message
+        anyway, made in one copy from a deferred snapshot)."""
         if reply.order.stop and worker >= 0:
             self.told_stop.add(worker)
             if self.told_stop >= set(self.core.members.registered):
                 self.all_told_stop.set()
-            snapshot = None
         if snapshot is None:
             yield next(encode(reply))
             return
