@@ -236,6 +236,16 @@ def test_synthetic_informative_features_reach_the_generator_and_are_bounded():
     cfg = parse_config({"data": {"name": "synthetic", "num_samples": 300, "num_features": 40, "informative": 24,
                                  "class_sep": 4.0}, "train": {"steps": 1}, "seed": 2}, [])
     assert np.array_equal(configured_dataset(cfg).x_train, apart.x_train), "and a run config's class_sep"
+
+
+def test_the_data_seed_fixes_the_data_whatever_the_runs_seed():
+    def data(run_seed: int, **more) -> np.ndarray:
+        raw = {"data": {"name": "synthetic", "num_samples": 200, **more}, "train": {"steps": 1}, "seed": run_seed}
+        return configured_dataset(parse_config(raw, [])).x_train
+
+    assert not np.array_equal(data(1), data(2)), "by default each run's seed makes its own data"
+    assert np.array_equal(data(1, seed=7), data(2, seed=7)), "data.seed fixes it"
+    assert np.array_equal(data(7), data(2, seed=7)), "as the run's seed would"
     for bad, problem in (({"num_features": 20, "informative": 21}, "informative 21 is more than num_features 20"),
                          ({"num_features": 20, "informative": 3}, "10 classes need more than 3 informative"),
                          ({"num_features": 3}, "10 classes need more than 3 informative")):

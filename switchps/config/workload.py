@@ -41,6 +41,9 @@ class DataSpec(Section):
     """One of ``switchps.names.DATASETS``."""
     path: str | None = None
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int | None = Field(None, ge=0)
+    """The seed of the data's split (digits, npz) and generation (synthetic); default the run's ``seed``. A
+    study that repeats arms over seeds fixes it to vary only the model's start and the sampling order."""
     num_samples: int = Field(10000, gt=0, le=10**7)
     """synthetic (generated in memory): at most 10**7 samples, and 10**4 features and classes."""
     num_features: int = Field(20, gt=0, le=10**4)

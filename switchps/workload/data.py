@@ -113,10 +113,10 @@ def load_dataset(name: str, *, path: str | None = None, seed: int = 0, test_frac
 
 
 def configured_dataset(cfg: RunConfig) -> Dataset:
-    """The dataset ``cfg.data`` names, split by the run's seed."""
+    """The dataset ``cfg.data`` names, split (and generated) by its seed, by default the run's."""
     d = cfg.data
-    return load_dataset(d.name, path=d.path, seed=cfg.seed, test_fraction=d.test_fraction,
-                        num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes,
+    return load_dataset(d.name, path=d.path, seed=cfg.seed if d.seed is None else d.seed,
+                        test_fraction=d.test_fraction, num_samples=d.num_samples, num_features=d.num_features, num_classes=d.num_classes,
                         shape=tuple(d.shape) if d.shape else None, informative=d.informative,
                         class_sep=d.class_sep)
 
