@@ -168,6 +168,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     from switchps.studies.runner import PACKAGED, packaged, run_study
     from switchps.studies.spec import load_study
 
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: {args.jobs} processes; give 1 or more")
     path = packaged(args.study) if args.study in PACKAGED else Path(args.study)
     spec = load_study(path, args.set, simulate=args.simulate)
     if args.repeats is not None:
@@ -180,7 +182,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         keep += [a for a in [spec.reference, *spec.compare_with] if a and a not in keep]
         spec.arms = {a: v for a, v in spec.arms.items() if a in keep}
     out = Path(args.out) if args.out else Path("runs") / spec.study
-    run_study(spec, out, quiet=args.quiet)
+    run_study(spec, out, quiet=args.quiet, jobs=args.jobs)
     print(out / ("sweep.json" if spec.sweep else "study.json"))
     return 0
 
@@ -311,6 +313,9 @@ def _study_parser(st: argparse.ArgumentParser) -> None:
                     help="override a field of the study's base config (repeatable)")
     st.add_argument("--simulate", action="store_true",
                     help="run every arm in simulation on a virtual clock, whatever the file's mode")
+    st.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="run N repeats at a time, each in its own process (default 1); real runs in parallel "
+                         "share the host's cores")
     st.add_argument("--quiet", action="store_true")
     st.set_defaults(func=cmd_study)
 

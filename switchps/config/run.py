@@ -189,18 +189,32 @@ class RunConfig(Section):
             raise Problems(problems)
         return self
 
-    def new_run_dir(self) -> Path:
+    def new_run_dir(self, claim: bool = False) -> Path:
         """``output.dir/NAME-YYYYmmdd-HHMMSS``, with ``-2``, ``-3``... if that exists (simulations of a
-        study can start within one second)."""
+        study can start within one second). ``claim``: create it, empty, in the same step, so that runs
+        started at once by several processes (``switchps study --jobs``) never get the same one."""
         stem = Path(self.output.dir) / f"{self.name}-{datetime.now():%Y%m%d-%H%M%S}"
         path, n = stem, 1
-        while path.exists():
+        while not _free(path, claim):
             n += 1
             path = stem.with_name(f"{stem.name}-{n}")
         return path
 
     def dump(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _free(path: Path, claim: bool) -> bool:
+    """Whether ``path`` does not exist; ``claim``: whether this call created it (``mkdir`` fails on a
+    directory another process created first)."""
+    if not claim:
+        return not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    return True
 
 
 def parse_config(raw: Any, overrides: Sequence[str] = (), role: Role | None = None,

@@ -257,8 +257,7 @@ def _client_roles(cfg: RunConfig, run_dir: Path, address: str) -> list[RoleSpec]
 def _new_run_dir(cfg: RunConfig) -> Path:
     """A fresh run directory holding the config (its PS port as given: 0 lets the PS bind one the OS
     picks), and a fresh run secret if the config names none (and is not explicitly insecure)."""
-    run_dir = cfg.new_run_dir()
-    run_dir.mkdir(parents=True)
+    run_dir = cfg.new_run_dir(claim=True)
     sec = cfg.security
     if sec.secret_file is None and sec.secret_env is None and not sec.insecure:
         sec.secret_file = str(write_private(run_dir / "secret", f"{new_secret()}\n".encode()).resolve())
