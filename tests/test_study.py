@@ -348,6 +348,64 @@ def test_a_bad_sweep_names_the_problem(tmp_path, sweep, problem):
     assert any(problem in p for p in e.value.problems), e.value.problems
 
 
+
+def mini_study(tmp_path: Path) -> Path:
+    """``mini_sweep`` without its sweep: 2 arms x 2 repeats of a few seconds each."""
+    raw = mini_sweep()
+    del raw["sweep"]
+    path = tmp_path / "mini.yaml"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def listed_runs(out: Path) -> list[tuple[str, int]]:
+    return [(r["arm"], r["repeat"]) for r in map(json.loads, (out / "runs.jsonl").read_text().splitlines())]
+
+
+def test_a_study_in_two_processes_gives_what_one_gives_and_lists_every_run_once(tmp_path):
+    study, one, two = mini_study(tmp_path), tmp_path / "one", tmp_path / "two"
+    for out, flags in ((one, ["--quiet"]), (two, ["--jobs", "2"])):
+        proc = subprocess.run([SWITCHPS, "study", str(study), "--out", str(out), *flags], capture_output=True,
+                              text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {(a, r) for a in ("bsp", "backup") for r in (0, 1)}
+    announced = re.findall(r"^(\w+) repeat (\d): [0-9.]+ s, ", proc.stdout, re.MULTILINE)
+    assert sorted((a, int(r)) for a, r in announced) == sorted(runs), "one line per run in the parent"
+    assert sorted(listed_runs(two)) == sorted(runs)
+    result = json.loads((two / "study.json").read_text())
+    assert result["arms"] == json.loads((one / "study.json").read_text())["arms"], "a simulation is deterministic"
+    for run in result["runs"]:
+        cfg = (Path(run["run_dir"]) / "config.yaml").read_text()
+        assert f"name: {run['arm']}\n" in cfg and f"seed: {run['repeat']}\n" in cfg, "a directory per run"
+
+
+def test_a_parallel_study_runs_only_what_is_missing(tmp_path):
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    done = {r: fake_run(tmp_path / f"bsp{r}", [0.5, 0.9]) for r in (0, 1)}
+    (out / "runs.jsonl").write_text("".join(
+        json.dumps({"arm": "bsp", "repeat": r, "run_dir": str(d)}) + "\n" for r, d in done.items()))
+    proc = subprocess.run([SWITCHPS, "study", str(mini_study(tmp_path)), "--out", str(out), "--jobs", "2",
+                           "--quiet"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name.split("-")[0] for p in (out / "runs").iterdir()) == ["backup", "backup"]
+    assert sorted(listed_runs(out)) == [("backup", 0), ("backup", 1), ("bsp", 0), ("bsp", 1)]
+
+
+
+def test_a_claimed_run_directory_is_created_at_once_so_parallel_runs_never_share_one(tmp_path):
+    cfg = load_study(mini_study(tmp_path)).run_config("bsp", 0, tmp_path / "runs", None)
+    first, second = cfg.new_run_dir(claim=True), cfg.new_run_dir(claim=True)
+    assert first != second and first.is_dir() and second.is_dir() and not list(first.iterdir())
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_a_study_refuses_fewer_than_one_job_in_one_line(tmp_path, jobs):
+    proc = subprocess.run([SWITCHPS, "study", str(mini_study(tmp_path)), "--jobs", jobs, "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"switchps: config error: --jobs: {jobs} processes; give 1 or more"]
+    assert not (tmp_path / "out").exists(), "nothing ran"
+
 def test_a_simulated_study_needs_the_device_model_and_says_so_before_running(tmp_path):
     raw = mini_sweep()
     del raw["base"]["device"]
