@@ -199,33 +199,38 @@ class Bounded(AggregationRule):
         self.clocks = dict.fromkeys(m.registered, 0)
 
     def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        self.clocks[p.worker] = self.clocks.get(p.worker, self._slowest(m)) + 1
+        self.clocks[p.worker] = self.clocks.get(p.worker, self._slowest(m) or 0) + 1
         effect = self._release(m)
         mine = alone(p, _damping(self.s, p))
         effect.apply, effect.joined = mine.apply, mine.joined
-        effect.hold = bool(self._laggards(p.worker, m))
+        effect.hold = self._ahead(p.worker, self._slowest(m))
         if effect.hold:
             self.held.append(p)
         else:
             effect.release.append(p)
         return effect
 
-    def _slowest(self, m: Membership) -> int:
-        return min((self.clocks.get(w, 0) for w in m.active), default=0)
+    def _slowest(self, m: Membership) -> int | None:
+        """The slowest active worker's clock; None with no active worker (then nobody lags)."""
+        return min((self.clocks.get(w, 0) for w in m.active), default=None)
 
-    def _laggards(self, worker: int, m: Membership) -> list[int]:
-        """Active workers more than ``s`` pushes behind ``worker``."""
-        mine = self.clocks.get(worker, 0)
-        return [w for w in m.active if mine - self.clocks.get(w, 0) > self.s.staleness]
+    def _ahead(self, worker: int, slowest: int | None) -> bool:
+        """Whether ``worker`` is more than ``s`` pushes ahead of ``slowest`` (some active worker lags it by more
+        than the bound)."""
+        return slowest is not None and self.clocks.get(worker, 0) - slowest > self.s.staleness
 
     def _release(self, m: Membership) -> Effect:
-        free = [p for p in self.held if not self._laggards(p.worker, m)]
-        self.held = [p for p in self.held if p not in free]
+        """The held pushes no active worker lags by more than the bound now: one pass over the workers for
+        the slowest clock, one over the held pushes (not one over the workers per held push)."""
+        slowest = self._slowest(m)
+        free = [p for p in self.held if not self._ahead(p.worker, slowest)]
+        self.held = [p for p in self.held if self._ahead(p.worker, slowest)]
         return Effect(release=free)
 
     def on_membership(self, m: Membership, now: float) -> Effect:
+        slowest = self._slowest(m) or 0
         for w in m.active:  # a worker that rejoins starts level with the slowest, never behind it
-            self.clocks.setdefault(w, self._slowest(m))
+            self.clocks.setdefault(w, slowest)
         return self._release(m)
 
     def drain(self, m: Membership, now: float) -> Effect:
@@ -236,9 +241,12 @@ class Bounded(AggregationRule):
         return list(self.held)
 
     def _overdue(self, m: Membership) -> dict[int, float]:
-        """Each laggard holding someone back, with when it misses its deadline."""
-        laggards = {w for p in self.held for w in self._laggards(p.worker, m)}
-        return {w: m.last_seen.get(w, 0.0) + self.s.deadline_s for w in laggards}
+        """Each laggard holding someone back (more than ``s`` pushes behind the furthest held worker), with
+        when it misses its deadline."""
+        if not self.held:
+            return {}
+        bar = max(self.clocks.get(p.worker, 0) for p in self.held) - self.s.staleness
+        return {w: m.last_seen.get(w, 0.0) + self.s.deadline_s for w in m.active if self.clocks.get(w, 0) < bar}
 
     def next_timer(self, m: Membership) -> float | None:
         return min(self._overdue(m).values(), default=None)
