@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+
 import pytest
 
 from switchps.policies.base import Decision, ClusterView, WorkerStats
-from switchps.policies.detector import StragglerDetector
+from switchps.policies.detector import StragglerDetector, medians_of_others
 from switchps.policies.online import Anytime, DynamicBatching, Elastic, Greedy, apportion
 
 
@@ -62,6 +65,15 @@ def test_threshold_is_against_the_median_of_the_others():
     assert d.observe({0: 1.0, 1: 1.0, 2: 1.5, 3: 1.51}) == ({3}, set())   # strictly greater
     d = StragglerDetector(threshold=2.0, patience=1)
     assert d.observe({0: 1.0, 1: 1.0, 2: 1.9, 3: 2.5}) == ({3}, set())
+
+
+def test_each_workers_median_of_the_others_is_statistics_median_bit_for_bit_from_one_sort():
+    rng = random.Random(3)
+    for n in [2, 3, 4, 5, 8, 33, 256]:
+        for ties in (False, True):
+            values = {w: float(rng.randint(1, 4)) if ties else rng.uniform(0.1, 3.0) for w in range(n)}
+            naive = {w: statistics.median(v for u, v in values.items() if u != w) for w in values}
+            assert medians_of_others(values) == naive, (n, ties)
 
 
 def test_several_stragglers():

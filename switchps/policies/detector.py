@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any
 
 
@@ -33,9 +32,9 @@ class StragglerDetector:
         recovered: set[int] = set()
         if len(step_times) < 2:
             return detected, recovered
+        others = medians_of_others(step_times)
         for w, t in step_times.items():
-            others = median(v for u, v in step_times.items() if u != w)
-            if t > self.threshold * others:
+            if t > self.threshold * others[w]:
                 self._slow[w], self._fast[w] = self._slow.get(w, 0) + 1, 0
                 if w not in self.stragglers and self._slow[w] >= self.patience:
                     detected.add(w)
@@ -55,3 +54,23 @@ class StragglerDetector:
         self.stragglers = set(d["stragglers"])
         self._slow = {int(w): n for w, n in d["slow"].items()}
         self._fast = {int(w): n for w, n in d["fast"].items()}
+
+
+def medians_of_others(values: dict[int, float]) -> dict[int, float]:
+    """Each key's median of the other keys' values (``statistics.median``'s, bit for bit), from one sort: in
+    the sorted values without position i, the k-th is the sorted k-th below i and the (k+1)-th from i on.
+    At least two values."""
+    order = sorted(values, key=values.__getitem__)
+    ranked = [values[k] for k in order]
+    m = len(ranked) - 1  # how many others each key has
+
+    def kth(k: int, i: int) -> float:
+        return ranked[k if k < i else k + 1]
+
+    out = {}
+    for i, key in enumerate(order):
+        if m % 2:
+            out[key] = kth(m // 2, i)
+        else:
+            out[key] = (kth(m // 2 - 1, i) + kth(m // 2, i)) / 2
+    return out
