@@ -199,11 +199,14 @@ class Bounded(AggregationRule):
         self.clocks = dict.fromkeys(m.registered, 0)
 
     def admit(self, p: Push, m: Membership, now: float) -> Effect:
-        self.clocks[p.worker] = self.clocks.get(p.worker, self._slowest(m) or 0) + 1
-        effect = self._release(m)
+        if p.worker not in self.clocks:
+            self.clocks[p.worker] = self._slowest(m) or 0
+        self.clocks[p.worker] += 1
+        slowest = self._slowest(m)  # once per push: the release and this push's hold read it
+        effect = self._release(slowest)
         mine = alone(p, _damping(self.s, p))
         effect.apply, effect.joined = mine.apply, mine.joined
-        effect.hold = self._ahead(p.worker, self._slowest(m))
+        effect.hold = self._ahead(p.worker, slowest)
         if effect.hold:
             self.held.append(p)
         else:
@@ -219,19 +222,21 @@ class Bounded(AggregationRule):
         than the bound)."""
         return slowest is not None and self.clocks.get(worker, 0) - slowest > self.s.staleness
 
-    def _release(self, m: Membership) -> Effect:
-        """The held pushes no active worker lags by more than the bound now: one pass over the workers for
-        the slowest clock, one over the held pushes (not one over the workers per held push)."""
-        slowest = self._slowest(m)
-        free = [p for p in self.held if not self._ahead(p.worker, slowest)]
-        self.held = [p for p in self.held if self._ahead(p.worker, slowest)]
+    def _release(self, slowest: int | None) -> Effect:
+        """The held pushes no active worker lags by more than the bound, given the ``slowest`` active clock:
+        one pass over the held pushes (not one over the workers per held push)."""
+        free: list[Push] = []
+        held: list[Push] = []
+        for p in self.held:
+            (held if self._ahead(p.worker, slowest) else free).append(p)
+        self.held = held
         return Effect(release=free)
 
     def on_membership(self, m: Membership, now: float) -> Effect:
         slowest = self._slowest(m) or 0
         for w in m.active:  # a worker that rejoins starts level with the slowest, never behind it
             self.clocks.setdefault(w, slowest)
-        return self._release(m)
+        return self._release(self._slowest(m))
 
     def drain(self, m: Membership, now: float) -> Effect:
         held, self.held = self.held, []
