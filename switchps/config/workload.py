@@ -80,10 +80,16 @@ class DataSpec(Section):
             self.num_features = math.prod(self.shape)
         if self.informative is not None and self.informative > self.num_features:
             raise ValueError(f"informative {self.informative} is more than num_features {self.num_features}")
-        informative = min(self.num_features, 10) if self.informative is None else self.informative
+        informative = informative_features(self.num_features, self.informative)
         if self.name == "synthetic" and self.num_classes > 2**informative:
             raise ValueError(f"{self.num_classes} classes need more than {informative} informative features "
                              "(at most 2**informative classes)")
         if (checks := checks_of(info)) and (problems := checks.data(self.name, self.path, role_of(info))):
             raise Problems(problems)
         return self
+
+
+def informative_features(num_features: int, informative: int | None) -> int:
+    """How many of synthetic data's features carry the class: ``data.informative``, by default
+    min(num_features, 10)."""
+    return min(num_features, 10) if informative is None else informative

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from switchps.config.run import RunConfig
+from switchps.config.workload import informative_features
 from switchps.names import DATASETS
 
 _FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -177,7 +178,7 @@ def _synthetic(seed: int, test_fraction: float, num_samples: int, num_features: 
     from sklearn.datasets import make_classification
     from sklearn.preprocessing import StandardScaler
 
-    informative = min(num_features, 10) if informative is None else informative
+    informative = informative_features(num_features, informative)
     if num_classes > 2**informative:
         raise ValueError(f"synthetic: {num_classes} classes need more than {informative} informative features")
     x, y = make_classification(
