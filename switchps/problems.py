@@ -112,8 +112,14 @@ def _locate(loc: tuple[Any, ...], raw: Any, keep_last: bool) -> tuple[list[Any],
 
 
 def _fits(tag: str, value: Any) -> bool:
-    """Whether union alternative ``tag`` is the one the input was meant for (container or scalar)."""
-    return tag.startswith(("list[", "dict[", "tuple[", "set[")) == isinstance(value, (list, dict))
+    """Whether union alternative ``tag`` is the one the input was meant for: a sequence, a mapping (a
+    ``dict[...]`` or a model, which pydantic tags by its class name) or a scalar."""
+    tag = tag.removeprefix("function-after[").rpartition(", ")[2] if tag.startswith("function-after[") else tag
+    sequence, model = tag.startswith(("list[", "tuple[", "set[")), tag[:1].isupper()
+    mapping = tag.startswith("dict[") or model
+    if isinstance(value, dict):
+        return mapping
+    return sequence if isinstance(value, list) else not (sequence or mapping)
 
 
 def _message(e: Any, root: type[BaseModel], path: list[Any]) -> str:

@@ -125,12 +125,15 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
                   receive_timeout_s: float = 30.0, state: int = 0, checkpoint: dict | None = None,
                   resume: bool = False, security: ServerSecurity = ServerSecurity(),
                   tls: TLSSpec | None = None, max_grad_norm: float | None = None,
-                  ps_threads: int | str = "auto", wire_dtype: str = "float32") -> LiveCluster:
+                  ps_threads: int | str = "auto", wire_dtype: str = "float32",
+                  cluster: dict | None = None) -> LiveCluster:
     """A real PS on loopback with ``workers`` fake workers holding ``size`` parameters and ``state``
     non-trainable values (pushed after the gradient, averaged per update). With ``security`` the PS
-    checks tokens (and serves TLS); each fake worker holds its own token and ``tls`` client files."""
+    checks tokens (and serves TLS); each fake worker holds its own token and ``tls`` client files. ``cluster``:
+    fields over the cluster section's (elastic bounds: ``workers`` fakes start)."""
     raw = {
-        "cluster": {"ps": "127.0.0.1:0", "workers": workers, "startup_timeout_s": 5},
+        "cluster": {"ps": "127.0.0.1:0", "workers": workers, "startup_timeout_s": 5, **(cluster or {})},
+        "data": {"sampling": "replacement"} if cluster and isinstance(cluster.get("workers"), dict) else {},
         "optimizer": optimizer or {"name": "sgd", "learning_rate": 1.0},
         "protocol": {"name": "bsp", **(protocol or {})},
         "train": train or {"steps": 10_000},
@@ -147,18 +150,24 @@ def start_cluster(tmp_path: Path, *, workers: int = 3, size: int = 8, protocol: 
     server = Server(ps, "127.0.0.1:0", security)
     address = f"localhost:{server.port}" if security.tls else f"127.0.0.1:{server.port}"
     layout = with_wire(make_layout([("w", (size,))], [("s", (state,))] if state else []), wire_dtype)
-    fakes = []
-    for i in range(workers):
-        token = auth.token(security.secret, "worker", i) if security.secret else None
-        client = PSClient(address, chunk_bytes or 2 * 1024 * 1024, timeout_s=30,
-                          security=ClientSecurity(token, tls or security.tls), wire=wire_dtype)
-        reg = client.register(i, layout, partition_size=100, local_steps=True)  # the fakes push what orders ask
-        if reg.send_init:
-            client.init(i, layout, np.zeros(size + state, np.float32))
-        fakes.append(FakeWorker(i, client, layout, size + state))
+    fakes = [fake_worker(address, i, layout, size + state, chunk_bytes, security, tls, wire_dtype)
+             for i in range(workers)]
     for w in fakes:
         w.version = w.client.pull(w.params, worker=w.index, wait_initialized=True).order.version
     return LiveCluster(ps, address, tmp_path, fakes, layout, server)
+
+
+def fake_worker(address: str, i: int, layout: pb.Layout, size: int, chunk_bytes: int | None = None,
+                security: ServerSecurity = ServerSecurity(), tls: TLSSpec | None = None,
+                wire_dtype: str = "float32") -> FakeWorker:
+    """Fake worker ``i``, registered (the first to register sends the initial values: zeros)."""
+    token = auth.token(security.secret, "worker", i) if security.secret else None
+    client = PSClient(address, chunk_bytes or 2 * 1024 * 1024, timeout_s=30,
+                      security=ClientSecurity(token, tls or security.tls), wire=wire_dtype)
+    reg = client.register(i, layout, partition_size=100, local_steps=True)  # the fakes push what orders ask
+    if reg.send_init:
+        client.init(i, layout, np.zeros(size, np.float32))
+    return FakeWorker(i, client, layout, size)
 
 
 @pytest.fixture

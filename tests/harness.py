@@ -15,7 +15,7 @@ from switchps.ps_server.checkpointer import Parts
 from switchps.ps_server.core.machine import Core
 from switchps.ps_server.core.actions import (Action, Apply, Count, Free, Join, Record, Release, SetOptimizer,
                                              execute)
-from switchps.ps_server.core.events import Push, StepReport
+from switchps.ps_server.core.events import Bounds, Push, StepReport
 from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.sums import Sums
 
@@ -35,7 +35,7 @@ class Harness:
     def __init__(self, workers: int = 3, size: int = 2, protocol: dict[str, Any] | None = None,
                  train: dict[str, Any] | None = None, policy: Policy | None = None, every_k: int = 10,
                  on_switch: dict[str, Any] | None = None, momentum: float = 0.0, start: bool = True,
-                 run_dir: Path | None = None) -> None:
+                 run_dir: Path | None = None, bounds: Bounds | None = None) -> None:
         self.now = 100.0
         self.rec = None if run_dir is None else RunRecorder(run_dir, flush_every_s=None, clock=lambda: self.now)
         self.freed: list[np.ndarray] = []
@@ -46,7 +46,7 @@ class Harness:
         self.core = Core(protocol_spec({"name": "bsp", "batch": 8, **(protocol or {})}),
                          TrainSpec(**(train or {"steps": 10_000})), workers,
                          startup_timeout_s=5.0, on_switch=SwitchSpec(**(on_switch or {})), momentum=momentum,
-                         policy=policy, every_k=every_k)
+                         policy=policy, every_k=every_k, bounds=bounds)
         self.params = np.zeros(size, np.float64)
         self.lr_scale, self.momentum = 1.0, momentum
         self.applied: list[Apply] = []
@@ -122,6 +122,11 @@ class Harness:
             self.rec.step(worker, version, samples, report)
         self.run(self.core.push(p, report, self.now))
         return p.id
+
+    def register(self, worker: int, partition: int = 100) -> None:
+        """``worker`` registers (a newcomer joins) and pulls its first order."""
+        self.run(self.core.register(worker, partition, self.now))
+        self.core.issue(worker, self.now)
 
     def released(self, push_id: int) -> bool:
         return push_id in self.releases

@@ -3,10 +3,35 @@ other, and the Ray placement."""
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from switchps.config.ray_cluster import RaySpec
 from switchps.config.schema import MAX_SHARDS, MAX_SIM_WORKERS, MAX_WORKERS, Section, role_of
+
+
+class Elastic(Section):
+    """Elastic membership: the run starts with ``start`` workers; others may join, each with a new index
+    below ``max``, at any time; a worker that leaves for good (``cluster.leave_after_s``) is removed from the
+    barrier and from N; below ``min`` members training pauses until enough join."""
+
+    min: int = Field(1, ge=1)
+    """The fewest members training runs with; below it, pushes wait (the run says it paused)."""
+    max: int = Field(ge=1)
+    """The most members, and the bound on worker indices: ``[0, max)``."""
+    start: int | None = Field(None, ge=1)
+    """Workers `switchps run` starts, and training starts once these registered (default ``min``)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Elastic":
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        if self.start is not None and not self.min <= self.start <= self.max:
+            raise ValueError(f"start ({self.start}) is outside [min, max] = [{self.min}, {self.max}]")
+        return self
+
+    @property
+    def starting(self) -> int:
+        return self.min if self.start is None else self.start
 
 
 class Cluster(Section):
@@ -16,13 +41,17 @@ class Cluster(Section):
     one address per PS shard, shard 0 first (the model is spread over them; see *Sharded PS*)."""
     bind: str | None = None
     """host:port the PS listens on (default: `ps` itself, loopback unless `ps` names another host)."""
-    workers: int | list[str] = 4
+    workers: int | list[str] | Elastic = 4
     """Number of local workers, or the list of worker addresses (one per host); at most 1024 (100,000 in a
-    simulation)."""
+    simulation). Or elastic bounds, ``{min: M, max: X, start: S}``: workers join and leave while the run
+    goes on (see *Elastic workers*)."""
     startup_timeout_s: float = Field(120.0, gt=0)
     """How long the PS waits for every worker to register before starting with those present."""
     reconnect_s: float = Field(60.0, gt=0, le=86400)
     """How long workers and the evaluator retry an unreachable PS before they give up."""
+    leave_after_s: float = Field(300.0, gt=0, le=86400)
+    """Elastic runs: a member neither pushing nor registering for this long has left for good and is removed
+    from N (a fixed-size run keeps a silent worker, excluded, until it comes back)."""
     max_restarts: int = Field(3, ge=0, le=1000)
     """`switchps run` restarts a PS process that died, from its checkpoint, this many times."""
     ray: RaySpec = Field(default_factory=RaySpec)
@@ -30,7 +59,18 @@ class Cluster(Section):
 
     @property
     def num_workers(self) -> int:
-        return self.workers if isinstance(self.workers, int) else len(self.workers)
+        """The workers a run starts with (an elastic run's ``start``)."""
+        w = self.workers
+        return w if isinstance(w, int) else w.starting if isinstance(w, Elastic) else len(w)
+
+    @property
+    def elastic(self) -> Elastic | None:
+        return self.workers if isinstance(self.workers, Elastic) else None
+
+    @property
+    def max_workers(self) -> int:
+        """The bound on worker indices, ``[0, max_workers)``: the count, or an elastic run's ``max``."""
+        return self.workers.max if isinstance(self.workers, Elastic) else self.num_workers
 
     @property
     def shards(self) -> list[str]:
@@ -39,8 +79,8 @@ class Cluster(Section):
 
     @field_validator("workers")
     @classmethod
-    def _count(cls, v: int | list[str], info: ValidationInfo) -> int | list[str]:
-        n = v if isinstance(v, int) else len(v)
+    def _count(cls, v: int | list[str] | Elastic, info: ValidationInfo) -> int | list[str] | Elastic:
+        n = v if isinstance(v, int) else v.max if isinstance(v, Elastic) else len(v)
         if n < 1:
             raise ValueError("need at least one worker")
         if role_of(info) == "simulate" and n > MAX_SIM_WORKERS:

@@ -176,8 +176,12 @@ class RunConfig(Section):
         n = self.cluster.num_workers
         ps_host = self.cluster.shards[0].rpartition(":")[0]
         problems = under("security", self.security.role_problems(role_of(info), ps_host))
+        if (elastic := self.cluster.elastic) is not None:
+            n = elastic.min
+            problems += elastic_problems(self, role_of(info))
         if isinstance(self.protocol, Rounds) and self.protocol.backup_workers >= n:
-            problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
+            fewest = "the fewest members (cluster.workers.min)" if elastic else "the number of workers"
+            problems.append(("protocol.backup_workers", f"must be below {fewest} ({n})"))
         if self.runtime.pipeline_sync and not self.runtime.pipeline_depth:
             problems.append(("runtime.pipeline_sync", "overlaps steps only with runtime.pipeline_depth: 1"))
         if self.model.framework == "tensorflow" and self.runtime.device.startswith("cuda"):
@@ -202,6 +206,17 @@ class RunConfig(Section):
 
     def dump(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def elastic_problems(cfg: RunConfig, role: Role | None) -> list[tuple[str, str]]:
+    """What an elastic run (``cluster.workers: {min, max}``) cannot have."""
+    problems = []
+    if cfg.data.sampling == "partition":
+        problems.append(("data.sampling", "an elastic run draws with replacement: worker i's every-N-th share "
+                                          "means nothing once N moves (set data.sampling: replacement)"))
+    if role == "simulate":
+        problems.append(("cluster.workers", "the simulator does not model joins and leaves yet: give a count"))
+    return problems
 
 
 def _free(path: Path, claim: bool) -> bool:

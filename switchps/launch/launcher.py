@@ -48,6 +48,7 @@ from switchps.launch.backends import Backend, Handle, LocalBackend, RoleSpec, ta
 from switchps.security.channels import ClientSecurity, client_security
 from switchps.config.run import RunConfig
 from switchps.errors import EXIT_SHARD_LOST
+from switchps.protos import switchps_pb2 as pb
 from switchps.config.cpu_binding import local_bindings
 from switchps.worker.client import PSClient, wait_for_ps
 
@@ -173,7 +174,7 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
     """Run the whole job, each role started by ``backend`` (default: local processes); returns the run
     directory and its summary (Ctrl-C: see the module doc). ``resume``: continue that run directory from
     its latest checkpoint."""
-    if not isinstance(cfg.cluster.workers, int):
+    if isinstance(cfg.cluster.workers, list):
         raise LaunchError("cluster.workers lists addresses: start each role with `switchps ps|worker` instead")
     backend = backend or local_backend(cfg)
     run_dir = resume or _new_run_dir(cfg)
@@ -316,14 +317,21 @@ def _progress(cfg: RunConfig, handles: list[Handle], quiet: bool, ctrl_c: CtrlC,
             try:
                 s = client.status()
                 acc = f"{s.test_accuracy:.4f}" if s.test_accuracy >= 0 else "—"
-                phase = cfg.name if s.version or s.progress else \
-                    f"{cfg.name}: workers starting ({s.active_workers}/{cfg.cluster.num_workers} ready)"
                 bar.update(task, completed=s.progress, version=s.version, protocol=s.protocol, acc=acc,
-                           description=phase)
+                           description=_phase(cfg, s))
             except Exception:  # the PS is starting up or shutting down; the poll above decides
                 pass
             time.sleep(0.5)
         bar.update(task, completed=1.0)
+
+
+def _phase(cfg: RunConfig, s: pb.Status) -> str:
+    """What the progress bar says the run is doing."""
+    if s.paused:
+        return f"{cfg.name}: paused, {s.members} members (below cluster.workers.min)"
+    if s.version or s.progress:
+        return cfg.name
+    return f"{cfg.name}: workers starting ({s.active_workers}/{cfg.cluster.num_workers} ready)"
 
 
 def summary_table(run_dir: Path, summary: dict) -> Table:

@@ -99,8 +99,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     cfg.cluster.ps = args.ps or cfg.cluster.ps
     if index is None:
         raise ConfigError("worker: give --index or a TF_CONFIG with task.index")
-    if not 0 <= index < cfg.cluster.num_workers:
-        raise ConfigError(f"worker: index {index} outside [0, {cfg.cluster.num_workers})")
+    if not 0 <= index < cfg.cluster.max_workers:
+        raise ConfigError(f"worker: index {index} outside [0, {cfg.cluster.max_workers})")
     from switchps.worker.main import run_worker
 
     _sample_resources(f"worker-{index}", args.run_dir)

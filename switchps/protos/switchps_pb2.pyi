@@ -231,7 +231,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("version", "protocol", "test_accuracy", "done", "final_eval_done", "samples", "total_steps", "progress", "active_workers")
+    __slots__ = ("version", "protocol", "test_accuracy", "done", "final_eval_done", "samples", "total_steps", "progress", "active_workers", "members", "paused")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     TEST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,8 @@ class Status(_message.Message):
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     version: int
     protocol: str
     test_accuracy: float
@@ -250,7 +252,9 @@ class Status(_message.Message):
     total_steps: int
     progress: float
     active_workers: int
-    def __init__(self, version: _Optional[int] = ..., protocol: _Optional[str] = ..., test_accuracy: _Optional[float] = ..., done: _Optional[bool] = ..., final_eval_done: _Optional[bool] = ..., samples: _Optional[int] = ..., total_steps: _Optional[int] = ..., progress: _Optional[float] = ..., active_workers: _Optional[int] = ...) -> None: ...
+    members: int
+    paused: bool
+    def __init__(self, version: _Optional[int] = ..., protocol: _Optional[str] = ..., test_accuracy: _Optional[float] = ..., done: _Optional[bool] = ..., final_eval_done: _Optional[bool] = ..., samples: _Optional[int] = ..., total_steps: _Optional[int] = ..., progress: _Optional[float] = ..., active_workers: _Optional[int] = ..., members: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class PartKey(_message.Message):
     __slots__ = ("worker", "session", "step", "attempt")
@@ -373,7 +377,7 @@ class PushInfo(_message.Message):
     def __init__(self, id: _Optional[int] = ..., worker: _Optional[int] = ..., base_version: _Optional[int] = ..., samples: _Optional[int] = ..., loss_sum: _Optional[float] = ..., arrived: _Optional[float] = ..., staleness: _Optional[int] = ..., step: _Optional[int] = ..., session: _Optional[int] = ..., squares: _Optional[float] = ..., lag: _Optional[int] = ..., local_steps: _Optional[int] = ...) -> None: ...
 
 class ApplyPart(_message.Message):
-    __slots__ = ("aggregate", "samples", "lr_factor", "version", "started", "members", "protocol", "time_budget_s", "wait_s", "outer_optimizer")
+    __slots__ = ("aggregate", "samples", "lr_factor", "version", "started", "members", "protocol", "time_budget_s", "wait_s", "outer_optimizer", "num_workers")
     AGGREGATE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     LR_FACTOR_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +388,7 @@ class ApplyPart(_message.Message):
     TIME_BUDGET_S_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     aggregate: int
     samples: int
     lr_factor: float
@@ -394,7 +399,8 @@ class ApplyPart(_message.Message):
     time_budget_s: float
     wait_s: float
     outer_optimizer: str
-    def __init__(self, aggregate: _Optional[int] = ..., samples: _Optional[int] = ..., lr_factor: _Optional[float] = ..., version: _Optional[int] = ..., started: _Optional[float] = ..., members: _Optional[_Iterable[_Union[PushInfo, _Mapping]]] = ..., protocol: _Optional[str] = ..., time_budget_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., outer_optimizer: _Optional[str] = ...) -> None: ...
+    num_workers: int
+    def __init__(self, aggregate: _Optional[int] = ..., samples: _Optional[int] = ..., lr_factor: _Optional[float] = ..., version: _Optional[int] = ..., started: _Optional[float] = ..., members: _Optional[_Iterable[_Union[PushInfo, _Mapping]]] = ..., protocol: _Optional[str] = ..., time_budget_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., outer_optimizer: _Optional[str] = ..., num_workers: _Optional[int] = ...) -> None: ...
 
 class PushOutcome(_message.Message):
     __slots__ = ("applied", "staleness", "wait_s", "note")

@@ -11,6 +11,7 @@ from switchps.config.run import RunConfig
 from switchps.errors import RunDirError
 from switchps.ps_server import checkpoint
 from switchps.ps_server.checkpoint import Checkpoint
+from switchps.ps_server.core.events import Bounds
 from switchps.ps_server.core.machine import Core
 from switchps.policies.registry import make_policy
 from switchps.ps_server.link import DuplexLink
@@ -29,7 +30,8 @@ def build_core(cfg: RunConfig) -> Core:
     return Core(cfg.protocol, cfg.train, cfg.cluster.num_workers, startup_timeout_s=cfg.cluster.startup_timeout_s,
                 on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),
                 policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window,
-                targets=p.protocols, pipeline=cfg.runtime.pipeline, optimizer=cfg.optimizer)
+                targets=p.protocols, pipeline=cfg.runtime.pipeline, optimizer=cfg.optimizer,
+                bounds=Bounds(e.min, e.max, cfg.cluster.leave_after_s) if (e := cfg.cluster.elastic) else None)
 
 
 def check_resumable(run_dir: Path) -> Checkpoint | None:

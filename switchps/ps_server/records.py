@@ -25,7 +25,8 @@ from switchps.ps_server.tensorboard import TensorBoard
 from switchps.straggler_trace import TRACE_FILE_COLUMNS
 
 PS_COLUMNS = ("time_s", "version", "protocol", "workers", "samples", "local_steps", "staleness_max", "staleness_mean",
-              "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s", "pushes")
+              "lr", "train_loss", "b_min", "b_mean", "b_max", "wait_s", "time_budget_s", "pushes",
+              "members")
 WORKER_COLUMNS = ("time_s", "worker", "step", "base_version", "samples", "compute_s", "send_s",
                   "wait_s", "sleep_s", "loss", "local_steps", "local_losses")
 EVAL_COLUMNS = ("time_s", "version", "test_loss", "test_accuracy")
@@ -93,7 +94,7 @@ def update_row(a: Apply) -> dict[str, Any]:
                 staleness_mean=sum(staleness) / len(staleness),
                 train_loss=sum(m.loss_sum for m in members) / sum(b), b_min=min(b), b_mean=sum(b) / len(b),
                 b_max=max(b), wait_s=a.wait_s, time_budget_s=a.time_budget_s,
-                pushes=";".join(f"{m.worker}:{m.session}:{m.step}" for m in members))
+                pushes=";".join(f"{m.worker}:{m.session}:{m.step}" for m in members), members=a.members)
 
 
 def local_losses(samples: int, stats: StepReport) -> str:

@@ -61,7 +61,7 @@ def _from_ps(address: str, security: ClientSecurity) -> list[tuple[str, str]]:
         client.close()
     return [("PS", address), ("version", str(s.version)), ("protocol", s.protocol),
             ("progress", f"{s.progress:.1%}" + (" (done)" if s.done else "")),
-            ("active workers", str(s.active_workers)),
+            ("active workers", f"{s.active_workers} of {s.members}" + (" (paused: below min)" if s.paused else "")),
             ("latest test accuracy", f"{s.test_accuracy:.4f}" if s.test_accuracy >= 0 else "—")]
 
 

@@ -46,7 +46,7 @@ from switchps.straggler_trace import StepDelays
 from switchps.worker.client import Reply
 from switchps.worker.local_steps import LocalRunner, local_stats
 from switchps.worker.session import Session
-from switchps.workload.data import share, share_size
+from switchps.workload.data import registered_size, share
 from switchps.workload.frameworks import Computer, framework
 from switchps.worker.steps import Step, StepRunner, make_sampler
 from switchps.worker.stragglers import StragglerInjector
@@ -58,7 +58,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     """Train until the PS says stop; returns the number of steps taken."""
     gc, n = _computer(cfg, index)
     gc.warm_up(cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
-    ps = Session(cfg, index, gc.weights.layout(), gc.size, share_size(n, index, cfg.cluster.num_workers), gc.read,
+    ps = Session(cfg, index, gc.weights.layout(), gc.size, registered_size(n, index, cfg), gc.read,
                  framework=cfg.model.framework, device=str(gc.device), local_steps=True)
     try:
         params = gc.buffer()  # the framework reads the values a reply leaves here in place (as a segment's)
@@ -88,7 +88,7 @@ class Worker:
         self.runner = StepRunner(gc, make_sampler(cfg.data.sampling, gc.samples, cfg.seed, index),
                                  cfg.device.samples_per_s, ps.clock)
         self.stragglers = StragglerInjector(cfg.stragglers, seed=cfg.seed, worker=index,
-                                            num_workers=cfg.cluster.num_workers)
+                                            num_workers=cfg.cluster.max_workers)
         self.local: LocalRunner | None = None  # made by the first order for local steps
         self.started = ps.received_at
         self.intervals = 0
@@ -223,7 +223,7 @@ def _computer(cfg: RunConfig, index: int) -> tuple[Computer, int]:
     and the training set's size."""
     fw = framework(cfg.model.framework)
     data, model = fw.prepare(cfg, index)
-    rows = share(len(data.x_train), index, cfg.cluster.num_workers, cfg.data.sampling)
+    rows = share(len(data.x_train), index, cfg.cluster.max_workers, cfg.data.sampling)
     return fw.computer(cfg, model, data.x_train[rows], data.y_train[rows]), len(data.x_train)
 
 

@@ -56,7 +56,7 @@ from switchps.protos.codec import COPIES
 from switchps.worker.local_steps import Inner, Taken, local_stats, moved
 from switchps.worker.session import Batches, Session
 from switchps.worker.steps import Budget
-from switchps.workload.data import configured_dataset, share_size
+from switchps.workload.data import configured_dataset, registered_size
 from switchps.workload.torch.weights import FlatParams, copy_all, host_tensor
 
 
@@ -225,10 +225,10 @@ def join(config: str | os.PathLike[str], worker: int, model: nn.Module, *, sampl
     share of the config's ``data``, as a switchps worker registers).
     """
     cfg = load_config(config, sets, role="worker")
-    if not 0 <= worker < cfg.cluster.num_workers:
-        raise ConfigError(f"worker {worker} outside [0, {cfg.cluster.num_workers}) (cluster.workers)")
+    if not 0 <= worker < cfg.cluster.max_workers:
+        raise ConfigError(f"worker {worker} outside [0, {cfg.cluster.max_workers}) (cluster.workers)")
     if samples is None:
-        samples = share_size(len(configured_dataset(cfg).x_train), worker, cfg.cluster.num_workers)
+        samples = registered_size(len(configured_dataset(cfg).x_train), worker, cfg)
     flat = FlatParams(model)
     device = str(next(model.parameters()).device)
     session = Session(cfg, worker, flat.layout(), flat.size, samples, flat.read, framework="torch", device=device,

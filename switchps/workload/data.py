@@ -76,6 +76,12 @@ def share_size(n: int, index: int, num_workers: int) -> int:
     return max(1, len(range(index, n, num_workers)))
 
 
+def registered_size(n: int, index: int, cfg: RunConfig) -> int:
+    """The samples worker ``index`` registers: its share of ``n`` (``share_size``); in an elastic run, where
+    every member draws from the whole set and N moves, all ``n`` (an epoch is the set once, whoever is in)."""
+    return n if cfg.cluster.elastic else share_size(n, index, cfg.cluster.num_workers)
+
+
 def cache_dir() -> Path:
     """Keras' dataset cache: ``$KERAS_HOME/datasets`` or ``~/.keras/datasets``."""
     return Path(os.environ.get("KERAS_HOME", "~/.keras")).expanduser() / "datasets"

@@ -48,6 +48,8 @@ class Apply:
     time_budget_s: float | None
     wait_s: float
     outer: OptimizerSpec | None = None
+    members: int = 0
+    """N in force when it applied (``Membership.num_workers``)."""
 
 
 @dataclass(frozen=True)

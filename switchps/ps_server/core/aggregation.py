@@ -214,8 +214,10 @@ class Bounded(AggregationRule):
         return effect
 
     def _slowest(self, m: Membership) -> int | None:
-        """The slowest active worker's clock; None with no active worker (then nobody lags)."""
-        return min((self.clocks.get(w, 0) for w in m.active), default=None)
+        """The slowest clock of the active workers that have one; None if none has (then nobody lags). A
+        worker that joined has none until it first pushes, when it starts level with the slowest."""
+        clocks = self.clocks
+        return min((clocks[w] for w in m.active if w in clocks), default=None)
 
     def _ahead(self, worker: int, slowest: int | None) -> bool:
         """Whether ``worker`` is more than ``s`` pushes ahead of ``slowest`` (some active worker lags it by more
@@ -233,10 +235,13 @@ class Bounded(AggregationRule):
         return Effect(release=free)
 
     def on_membership(self, m: Membership, now: float) -> Effect:
-        slowest = self._slowest(m) or 0
-        for w in m.active:  # a worker that rejoins starts level with the slowest, never behind it
-            self.clocks.setdefault(w, slowest)
-        return self._release(self._slowest(m))
+        for w in [w for w in self.clocks if w not in m.registered]:  # left for good: it comes back level
+            del self.clocks[w]
+        slowest = self._slowest(m)
+        if slowest is not None:
+            for w in m.active:  # a worker that rejoins starts level with the slowest, never behind it
+                self.clocks.setdefault(w, slowest)
+        return self._release(slowest)
 
     def drain(self, m: Membership, now: float) -> Effect:
         held, self.held = self.held, []
@@ -251,7 +256,8 @@ class Bounded(AggregationRule):
         if not self.held:
             return {}
         bar = max(self.clocks.get(p.worker, 0) for p in self.held) - self.s.staleness
-        return {w: m.last_seen.get(w, 0.0) + self.s.deadline_s for w in m.active if self.clocks.get(w, 0) < bar}
+        clocks = self.clocks
+        return {w: m.last_seen.get(w, 0.0) + self.s.deadline_s for w in m.active if w in clocks and clocks[w] < bar}
 
     def next_timer(self, m: Membership) -> float | None:
         return min(self._overdue(m).values(), default=None)

@@ -83,7 +83,7 @@ def cluster_view(r: Recent, m: Membership, version: int, samples: int, protocol:
         version=version, time_s=time_s, progress=progress, protocol=protocol, num_workers=m.num_workers,
         active=frozenset(m.active), excluded=frozenset(m.excluded), workers=worker_stats(r),
         batches={w: b.samples for w, b in budgets.items() if w >= 0}, train_loss=train_loss(r),
-        time_budget_s=budgets[-1].time_budget_s, epoch=samples / (sum(m.registered.values()) or 1),
+        time_budget_s=budgets[-1].time_budget_s, epoch=samples / m.epoch_samples(),
         local_steps=local.steps if (local := budgets[-1].local) else None)
 
 
@@ -91,8 +91,8 @@ class Consulting:
     """The policy, its cadence, what it has seen lately, and the batches it set."""
 
     def __init__(self, policy: Policy | None, every_k: int, window: int, num_workers: int) -> None:
-        self.policy, self.every_k, self.num_workers = policy, every_k, num_workers
-        self.recent = Recent(window, 2 * num_workers)
+        self.policy, self.every_k = policy, every_k
+        self.recent = Recent(window, 2 * num_workers)  # num_workers: the most there can be
         self.batches: dict[int, int] = {}  # per-worker sample budgets a policy set
         self.since = 0  # updates since the policy was last consulted
         self.consulting = False  # a decision being applied completes updates: no second consultation
@@ -129,6 +129,12 @@ class Consulting:
         budgets = {w: protocol.work.budget(w, self.batches) for w in [-1, *sorted(m.active)]}
         return cluster_view(self.recent, m, version, samples, protocol.name, budgets, time_s, progress)
 
+    def forget(self, workers: list[int]) -> None:
+        """Workers that left for good: their steps and batches count no more."""
+        for w in workers:
+            self.recent.steps.pop(w, None)
+            self.batches.pop(w, None)
+
     def set_batches(self, d: Decision, policy: str, version: int) -> list[Record]:
         """Per-worker sample budgets a decision sets."""
         if not d.batches:
@@ -141,11 +147,11 @@ class Consulting:
         """A worker's normal step lately (``normal_step_s``)."""
         return normal_step_s(self.recent)
 
-    def measured(self) -> Batches:
-        """What an effective batch depends on now: the batches set, and the recent measured ones."""
+    def measured(self, m: Membership) -> Batches:
+        """What an effective batch depends on now: N in force, the batches set, and the recent measured ones."""
         r = self.recent
-        return Batches(self.num_workers, dict(self.batches), mean(r.step_samples),
-                       mean(r.update_samples))
+        return Batches(m.num_workers, dict(self.batches), mean(r.step_samples), mean(r.update_samples),
+                       tuple(m.in_force()) if m.bounds else ())
 
     def state_dict(self, now: float) -> dict[str, Any]:  # no times
         return {"since": self.since, "batches": {str(w): b for w, b in self.batches.items()},

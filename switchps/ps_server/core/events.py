@@ -82,12 +82,24 @@ class Aggregate:
         return sum(p.local_steps for p in self.members)
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """An elastic run's membership: at least ``min`` members train, at most ``max`` (worker indices are below it),
+    and a member silent for ``leave_after_s`` has left for good."""
+
+    min: int
+    max: int
+    leave_after_s: float
+
+
 @dataclass
 class Membership:
     """Registered workers (with their data partitions' sizes), the active ones, and the excluded ones.
 
     A worker is inactive after missing a deadline, until its next push; an excluded worker (elastic)
-    still pushes, but a round does not wait for it.
+    still pushes, but a round does not wait for it. ``num_workers`` is N in force, which every rule that
+    counts workers reads: a fixed-size run's configured count; an elastic run's (``bounds``) registered
+    members once training started (before: the count it starts with), as workers join and leave.
     """
 
     num_workers: int
@@ -95,9 +107,39 @@ class Membership:
     active: set[int] = field(default_factory=set)
     excluded: set[int] = field(default_factory=set)
     last_seen: dict[int, float] = field(default_factory=dict)
-    """When each worker last registered or pushed (an SSP laggard's deadline counts from it)."""
+    """When each worker last registered, pushed or got a reply (an SSP laggard's deadline counts from it, and an
+    elastic member's leaving)."""
     gradients_only: set[int] = field(default_factory=set)
     """Workers whose loop cannot take local steps (a user's own), as they said when they registered."""
+    bounds: Bounds | None = None
+    """Elastic membership's bounds; None: a fixed-size run."""
+
+    @property
+    def capacity(self) -> int:
+        """Worker indices are in ``[0, capacity)``."""
+        return self.bounds.max if self.bounds else self.num_workers
+
+    @property
+    def paused(self) -> bool:
+        """Fewer members than an elastic run trains with."""
+        return self.bounds is not None and self.num_workers < self.bounds.min
+
+    def epoch_samples(self) -> int:
+        """The samples an epoch holds: the registered partitions together, or, in an elastic run, where each
+        member draws from the whole set, the largest it registered."""
+        sizes = self.registered.values()
+        return (max(sizes, default=0) if self.bounds else sum(sizes)) or 1
+
+    def in_force(self) -> range | list[int]:
+        """The workers N counts: a fixed-size run's indices, an elastic run's members."""
+        return sorted(self.registered) if self.bounds else range(self.num_workers)
+
+    def remove(self, worker: int) -> None:
+        """Forget a member that left for good."""
+        for held in (self.registered, self.last_seen):
+            held.pop(worker, None)
+        for held_set in (self.active, self.excluded, self.gradients_only):
+            held_set.discard(worker)
 
 
 @dataclass(frozen=True)
@@ -133,6 +175,8 @@ class Batches:
     """Measured mean samples per worker-step, if any (AMB does whatever fits in T)."""
     update_samples: float | None = None
     """Measured mean samples per update, if any (a window holds whatever arrived)."""
+    members: tuple[int, ...] = ()
+    """The workers N counts, when not ``range(num_workers)`` (an elastic run's members)."""
 
 
 @dataclass

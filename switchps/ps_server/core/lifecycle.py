@@ -3,17 +3,22 @@
 Training starts once the model is initialized and every worker registered, or once ``startup_timeout_s``
 has passed since the first registration with whoever is there. It ends when ``train`` says (steps,
 epochs or seconds), measured by ``progress``. A run restarted from a checkpoint is ``resumed``.
+
+An elastic run (``Membership.bounds``) starts once its starting count registered; then a worker may join
+(register with a new index below ``max``) at any time and counts at once; a member silent for
+``leave_after_s`` (neither pushing nor registering, and no push of its waiting for a reply) leaves for
+good; N follows. Below ``min`` members training pauses: pushes wait, unapplied, until enough join.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from switchps.config.run import TrainSpec
 from switchps.policies.base import Decision
 from switchps.ps_server.core.actions import Record
 from switchps.ps_server.core.aggregation import AggregationRule
-from switchps.ps_server.core.events import Membership, absolute, relative
+from switchps.ps_server.core.events import Membership, Push, absolute, relative
 from switchps.refusals import invalid, precondition
 
 MAX_PARTITION_SIZE = 2**40
@@ -32,6 +37,10 @@ class Lifecycle:
     started_at: float | None = None
     finished_at: float | None = None
     resumed: bool = False  # restarted from a checkpoint: pushes may name versions lost in the crash
+    paused: list[Push] = field(default_factory=list)
+    """Pushes that arrived while an elastic run had fewer than ``min`` members: they wait, unapplied (their
+    workers with them), and enter the protocol in order once enough join; not checkpointed (as a push in
+    flight, a crash makes its worker send it again)."""
 
     @property
     def done(self) -> bool:
@@ -39,8 +48,8 @@ class Lifecycle:
 
     def check_register(self, worker: int, partition_size: int) -> None:
         """Raise ``Rejected`` unless a worker index and partition size are plausible."""
-        if not 0 <= worker < self.members.num_workers:
-            raise invalid("worker", f"worker index {worker} outside [0, {self.members.num_workers})")
+        if not 0 <= worker < self.members.capacity:
+            raise invalid("worker", f"worker index {worker} outside [0, {self.members.capacity})")
         if not 0 < partition_size <= MAX_PARTITION_SIZE:
             raise invalid("partition_size", f"partition size {partition_size} must be in [1, {MAX_PARTITION_SIZE}]")
 
@@ -67,13 +76,46 @@ class Lifecycle:
         (self.members.gradients_only.discard if local_steps else self.members.gradients_only.add)(worker)
         self.members.last_seen[worker] = now
         self.first_register = now if self.first_register is None else self.first_register  # 0.0 is a time
+        self._resize()
         return self.activate(worker, "worker_rejoined" if rejoin else "worker_joined", version)
 
     def activate(self, worker: int, event: str, version: int) -> list[Record]:
         if worker in self.members.active:
             return []
         self.members.active.add(worker)
-        return [Record(event, {"worker": worker, "version": version})]
+        return [Record(event, {"worker": worker, "version": version, "members": self.members.num_workers})]
+
+    def _resize(self) -> None:
+        """N follows an elastic run's members once training started."""
+        m = self.members
+        if m.bounds is not None and self.started_at is not None:
+            m.num_workers = len(m.registered)
+
+    def leavers(self, now: float, waiting: set[int]) -> list[int]:
+        """An elastic run's members silent for ``leave_after_s`` at ``now`` (``waiting``: workers whose push
+        waits for a reply, who are not silent)."""
+        m = self.members
+        if m.bounds is None or self.started_at is None or self.done:
+            return []
+        return sorted(w for w, seen in m.last_seen.items() if seen + m.bounds.leave_after_s <= now
+                      and w not in waiting)
+
+    def leave(self, workers: list[int], version: int) -> list[Record]:
+        """``workers`` left for good: out of the barrier and of N."""
+        for w in workers:
+            self.members.remove(w)
+        self._resize()
+        return [Record("worker_left", {"worker": w, "version": version, "reason": "silent",
+                                       "members": self.members.num_workers}) for w in workers]
+
+    def pause_records(self, was_paused: bool, version: int) -> list[Record]:
+        """``training_paused`` or ``training_resumed`` when membership crossed ``min`` (``was_paused``: before)."""
+        m = self.members
+        if m.paused == was_paused or self.started_at is None or self.done:
+            return []
+        assert m.bounds is not None
+        return [Record("training_paused" if m.paused else "training_resumed",
+                       {"version": version, "members": m.num_workers, "min": m.bounds.min})]
 
     def regroup(self, d: Decision, policy: str, version: int) -> list[Record]:
         """Take the workers a decision excludes out of the barrier and put those it readmits back."""
@@ -100,19 +142,32 @@ class Lifecycle:
         if not complete and now - self.first_register < self.startup_timeout_s:
             return None
         self.started_at = now
+        self._resize()
         workers = {"workers": sorted(m.registered)}
         return ([] if complete else [Record("started_incomplete", workers)]) + [Record("training_started", workers)]
 
     def next_timer(self, protocol: AggregationRule) -> float | None:
         """When the core next wants the time: the start-up timeout before training starts; while it runs,
-        the time limit or the deadline or window of ``protocol`` (the one in force), whichever is first."""
+        the time limit, an elastic member's leaving, or the deadline or window of ``protocol`` (the one in
+        force; none while paused), whichever is first."""
         if self.started_at is None:
             first = self.first_register
             return first + self.startup_timeout_s if first is not None and self.initialized else None
         if self.done:
             return None
+        m = self.members
         end = self.started_at + self.train.seconds if self.train.seconds else None
-        return min((t for t in (protocol.next_timer(self.members), end) if t is not None), default=None)
+        rule = None if m.paused else protocol.next_timer(m)
+        leave = None
+        if m.bounds is not None:
+            waiting = self.waiting(protocol)
+            leave = min((t + m.bounds.leave_after_s for w, t in m.last_seen.items() if w not in waiting),
+                        default=None)
+        return min((t for t in (rule, end, leave) if t is not None), default=None)
+
+    def waiting(self, protocol: AggregationRule) -> set[int]:
+        """The workers with a push waiting for its reply (in ``protocol``, or paused)."""
+        return {p.worker for p in (*protocol.waiting(), *self.paused)}
 
     def progress(self, now: float, version: int, samples: int) -> float:
         """The fraction of the training length done: exactly 1.0 once it is reached (compared, not divided,
@@ -120,7 +175,7 @@ class Lifecycle:
         t, started = self.train, self.started_at
         if t.steps or t.epochs:
             done, length = (version, t.steps) if t.steps else \
-                (samples, (t.epochs or 0) * sum(self.members.registered.values()))
+                (samples, (t.epochs or 0) * self.members.epoch_samples())
             return 0.0 if not length else 1.0 if done >= length else done / length
         if started is None or not t.seconds:
             return 0.0
@@ -147,9 +202,12 @@ class Lifecycle:
         m.active, m.excluded = set(d["active"]), set(d["excluded"])
         m.last_seen = {int(w): now + t for w, t in d["last_seen"].items()}
         m.gradients_only = set(d.get("gradients_only", ()))  # a checkpoint from before local steps has none
+        for w in [w for w in m.registered if w >= m.capacity]:  # a resume lowered the bound: they left
+            m.remove(w)
         self.initialized = d["initialized"]
         self.first_register, self.started_at = absolute(d["first_register"], now), absolute(d["started_at"], now)
         self.finished_at = absolute(d["finished_at"], now)
+        self._resize()
 
     def restarted(self, now: float) -> None:
         """After a restart every worker has a fresh deadline (it needs time to reconnect), and a push may

@@ -29,7 +29,7 @@ from switchps.ps_server.core.lifecycle import Lifecycle
 from switchps.ps_server.core.outbox import Outbox
 from switchps.ps_server.core.switching import Pending, Switching
 from switchps.ps_server.core.actions import Action, Record, Release
-from switchps.ps_server.core.events import Effect, Membership, Push, StepReport, WorkOrder
+from switchps.ps_server.core.events import Bounds, Effect, Membership, Push, StepReport, WorkOrder
 from switchps.refusals import precondition
 
 
@@ -48,12 +48,13 @@ class Core:
                  startup_timeout_s: float = 120.0, on_switch: SwitchSpec | None = None, momentum: float = 0.0,
                  policy: Policy | None = None, every_k: int = 10, window: int = 5,
                  targets: Sequence[ProtocolSpec] = (), pipeline: Pipeline = Pipeline(),
-                 optimizer: OptimizerSpec | None = None) -> None:
+                 optimizer: OptimizerSpec | None = None, bounds: Bounds | None = None) -> None:
+        """``num_workers``: the workers the run starts with; ``bounds``: an elastic run's membership."""
         self.pipeline = pipeline
-        self.lifecycle = Lifecycle(train, Membership(num_workers), startup_timeout_s)
+        self.lifecycle = Lifecycle(train, Membership(num_workers, bounds=bounds), startup_timeout_s)
         self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members, targets,
                                    optimizer)
-        self.consulting = Consulting(policy, every_k, window, num_workers)
+        self.consulting = Consulting(policy, every_k, window, self.members.capacity)
         self.orders, self.receipts, self.outbox = Orders(), Receipts(), Outbox()
         self.parts: dict[str, Part] = {"lifecycle": self.lifecycle, "switching": self.switching,  # in this order
                                        "consulting": self.consulting, "orders": self.orders,
@@ -139,7 +140,10 @@ class Core:
     def register(self, worker: int, partition_size: int, now: float, local_steps: bool = True) -> list[Action]:
         """A worker registers (again, after a restart: it rejoins). Raises ``Rejected`` for a bad one."""
         self._check_local(worker, local_steps)  # the lifecycle checks the rest
+        was, paused = self.members.num_workers, self.members.paused
         self.outbox.add(self.lifecycle.register(worker, partition_size, now, self.version, local_steps))
+        if self.started_at is not None and self.members.num_workers != was:  # an elastic run grew
+            self._membership_changed(paused, now)
         self._maybe_start(now)
         return self._flush(now)
 
@@ -157,7 +161,7 @@ class Core:
         """A validated push arrived (the driver holds its buffer until a ``Join`` or ``Free`` names it)."""
         self.members.last_seen[p.worker] = now
         if self.receipts.seen(p):
-            self.outbox.retried(p, self.switching.protocol.rule.waiting(), self.version)
+            self.outbox.retried(p, [*self.switching.protocol.rule.waiting(), *self.lifecycle.paused], self.version)
             return self._flush(now)
         self.receipts.note(p)
         self.consulting.note_step(p, report)
@@ -169,14 +173,22 @@ class Core:
             return self._flush(now)
         if p.worker not in self.members.active:
             self.outbox.add(self.lifecycle.activate(p.worker, "worker_rejoined", self.version))
-            self._run(self.switching.protocol.rule.on_membership(self.members, now), now)
+            if not self.members.paused:
+                self._run(self.switching.protocol.rule.on_membership(self.members, now), now)
+        if self.members.paused:  # it waits, unapplied, for enough members
+            self.lifecycle.paused.append(p)
+            return self._flush(now)
+        self._admit(p, now)
+        return self._flush(now)
+
+    def _admit(self, p: Push, now: float) -> None:
+        """The protocol in force takes ``p`` in."""
         protocol = self.switching.protocol
         # a push of the other kind (a gradient under local steps, or the reverse) was computed before a switch:
         # it is an update of its own, at once, never mixed into an aggregate of the kind in force
         effect = alone(p) if bool(p.local_steps) != protocol.local else protocol.rule.admit(p, self.members, now)
         self.outbox.admitted(p, effect, self.version)
         self._run(effect, now)
-        return self._flush(now)
 
     def timer(self, now: float) -> list[Action]:
         """Time passed: start-up timeout, time limit, or the protocol's deadline or window."""
@@ -184,7 +196,14 @@ class Core:
             self._maybe_start(now)
         elif not self.done:
             self._check_finished(now)
-            self._run(self.switching.protocol.rule.on_timer(self.members, now), now)
+            rule = self.switching.protocol.rule
+            if left := self.lifecycle.leavers(now, self.lifecycle.waiting(rule)):
+                paused = self.members.paused
+                self.outbox.add(self.lifecycle.leave(left, self.version))
+                self.consulting.forget(left)
+                self._membership_changed(paused, now)
+            if not self.members.paused and not self.done:
+                self._run(self.switching.protocol.rule.on_timer(self.members, now), now)
         return self._flush(now)
 
     def switch(self, new: ProtocolSpec, reason: str, policy: str, now: float) -> list[Action]:
@@ -223,6 +242,10 @@ class Core:
         """The event's actions; replies last, with work orders as the event left things (a switch that
         completed with a round already reaches the workers that round releases)."""
         out, replies = self.outbox.take()
+        seen = self.members.last_seen
+        for p, _ in replies:  # a worker is silent from its reply on, not while it waited for it
+            if p.worker in seen:
+                seen[p.worker] = now
         return out + [Release(p.id, p.worker, o, self.issue(p.worker, now, step=True)) for p, o in replies]
 
     def _run(self, e: Effect, now: float, settle: bool = True) -> None:
@@ -240,14 +263,32 @@ class Core:
         self.outbox.release(e.release, now)
         if e.apply and settle and not self.done:
             self._switch(self.switching.ready(), now)
-            self.outbox.add(self.switching.remeasured(self.consulting.measured()))
+            self.outbox.add(self.switching.remeasured(self.consulting.measured(self.members)))
             if self.consulting.due(len(e.apply), self.switching.protocol.rule.asynchronous):
                 self._consult(now)
+
+    def _membership_changed(self, was_paused: bool, now: float) -> None:
+        """An elastic run's N moved: the rule in force sees the members (unless paused), the learning rate and
+        momentum follow N (``rescale``), and crossing ``min`` pauses training or resumes it, admitting the
+        pushes that waited, in order."""
+        self.outbox.add(self.lifecycle.pause_records(was_paused, self.version))
+        if self.members.paused:
+            return
+        self._run(self.switching.protocol.rule.on_membership(self.members, now), now)
+        self.outbox.add(self.switching.rescaled(self.consulting.measured(self.members)))
+        waited, self.lifecycle.paused = self.lifecycle.paused, []
+        for p in waited:
+            if self.done:
+                self.outbox.drop(p, "finished", self.version)
+                continue
+            p.staleness = self.version - p.base_version
+            self._admit(p, now)
 
     def _maybe_start(self, now: float) -> None:
         if (records := self.lifecycle.start(now)) is not None:
             self.switching.protocol.rule.enter(None, self.members, now)
             self.outbox.add(records)
+            self.outbox.add(self.lifecycle.pause_records(False, self.version))
             if self.consulting.policy is not None:  # e.g. a schedule's first phase is in force from step 0
                 self._consult(now)
 
@@ -275,7 +316,7 @@ class Core:
         if sw is not None:
             old, c = self.spec, self.consulting
             self._run(self.switching.begin(sw.new, now), now, settle=False)
-            self.outbox.add(self.switching.complete(sw, old, c.measured(), c.step_s(), self.version, now))
+            self.outbox.add(self.switching.complete(sw, old, c.measured(self.members), c.step_s(), self.version, now))
 
 
 def _or(t: float | None, now: float) -> float:

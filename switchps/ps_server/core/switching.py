@@ -71,7 +71,7 @@ class Switching:
         factor = u.lr_factor * (1.0 if since is None else ramp(self.on_switch, self.restore, since))
         a = u.aggregate
         return Apply(version, a, factor, self.spec.name, self.protocol.work.budget(-1, {}).time_budget_s,
-                     now - a.started, self.outer if a.local_steps else None)
+                     now - a.started, self.outer if a.local_steps else None, self.members.num_workers)
 
     def decided(self, d: Decision, policy: str, now: float) -> tuple[Pending | None, list[Record]]:
         """The protocol or parameters a decision asks for: the switch to make now (``request``), and a

@@ -24,7 +24,7 @@ from switchps.ps_server.core.events import Batches, Budget, Local
 
 def per_worker(b: Batches, batch: int) -> list[float]:
     """Each worker's sample budget: a policy's, else the protocol's batch."""
-    return [float(b.per_worker.get(w, batch)) for w in range(b.num_workers)]
+    return [float(b.per_worker.get(w, batch)) for w in b.members or range(b.num_workers)]
 
 
 class WorkRule(ABC):

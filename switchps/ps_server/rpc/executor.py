@@ -8,6 +8,7 @@ over; ``release`` completes a pusher's future on the loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from functools import partial
 
@@ -21,6 +22,9 @@ from switchps.optim.optimizers import adjust_optimizer
 from switchps.ps_server.records import RunRecorder
 
 VERSION = Gauge("switchps_model_version", "Current model version")
+LOGGED = frozenset({"worker_left", "training_paused", "training_resumed"})
+"""Events the PS's log says as they happen (an elastic run's membership), besides recording them."""
+log = logging.getLogger("switchps.ps")
 
 
 @dataclass
@@ -57,6 +61,8 @@ class StoreExecutor:
 
     def record(self, a: Record) -> None:
         self.rec.event(a.event, **a.fields)
+        if a.event in LOGGED:
+            log.warning("%s: %s", a.event.replace("_", " "), ", ".join(f"{k} {v}" for k, v in a.fields.items()))
 
     def count(self, a: Count) -> None:
         self.rec.count(a.what, a.reason)

@@ -37,7 +37,7 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
     """The PS for ``cfg``: a core, a model store and a run record, driven by the gRPC service; with
     ``resume``, continued from that checkpoint."""
     one_arena()  # before the PS's threads first allocate, so that the heap they free can be trimmed
-    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers,
+    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.max_workers,
                        threads=ps_threads(cfg.runtime.ps_threads, cfg.cluster.shards), wire=cfg.runtime.wire_dtype)
     core = build_core(cfg)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None

@@ -190,7 +190,8 @@ class ParameterServer:
         return pb.Status(version=core.version, protocol=core.spec.name, done=core.done, samples=core.samples,
                          test_accuracy=self.last_eval.test_accuracy if self.last_eval else -1.0,
                          final_eval_done=self.final_eval is not None, total_steps=core.train.steps or 0,
-                         progress=core.progress(self.clock()), active_workers=len(core.members.active))
+                         progress=core.progress(self.clock()), active_workers=len(core.members.active),
+                         members=core.members.num_workers, paused=core.members.paused)
 
     async def eval_report(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
         try:

@@ -43,7 +43,7 @@ def to_wire(a: Action, names: Mapping[int, Key]) -> pb.ShardAction | None:
                 started=agg.started, members=[pb.PushInfo(**{f: getattr(m, f) for f in _PUSH_FIELDS})
                                               for m in agg.members],
                 protocol=a.protocol, time_budget_s=orders.to_wire(a.time_budget_s), wait_s=a.wait_s,
-                outer_optimizer=a.outer.model_dump_json() if a.outer else ""))
+                outer_optimizer=a.outer.model_dump_json() if a.outer else "", num_workers=a.members))
         case Release():
             return pb.ShardAction(release=pb.ReleasePart(
                 push=a.push_id, worker=a.worker, outcome=pb.PushOutcome(**vars(a.outcome)),
@@ -74,7 +74,7 @@ def from_wire(msg: pb.ShardAction, names: MutableMapping[int, Key]) -> Action:
             members = [Push(**{f: getattr(m, f) for f in _PUSH_FIELDS}) for m in u.members]
             agg = Aggregate(u.started, members, u.samples, u.aggregate, {m.worker for m in members})
             return Apply(u.version, agg, u.lr_factor, u.protocol, orders.from_wire(u.time_budget_s), u.wait_s,
-                         OptimizerSpec.model_validate_json(u.outer_optimizer) if u.outer_optimizer else None)
+                         OptimizerSpec.model_validate_json(u.outer_optimizer) if u.outer_optimizer else None, u.num_workers)
         case "release":
             r = msg.release
             o = r.outcome

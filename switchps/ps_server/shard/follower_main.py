@@ -40,12 +40,12 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     away before training is over."""
     one_arena()
     run_dir.mkdir(parents=True, exist_ok=True)
-    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.num_workers,
+    store = ModelStore(optimizer_factory(cfg.optimizer), cfg.runtime.chunk_bytes, workers=cfg.cluster.max_workers,
                        threads=ps_threads(cfg.runtime.ps_threads, cfg.cluster.shards, shard),
                        wire=cfg.runtime.wire_dtype)
     follower = Follower(shard, len(cfg.cluster.shards), leader, client_security(cfg, "shard", shard), store,
                         cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s, part_dir(run_dir, shard),
-                        cfg.checkpoint.keep, workers=cfg.cluster.num_workers)
+                        cfg.checkpoint.keep, workers=cfg.cluster.max_workers)
     sampler = ResourceSampler(f"ps-{shard}", run_dir / "resources.csv")
     server = bind_server(follower, cfg, run_dir, shard, reuse=True)  # workers know the port it had
     tensorboard = EventFile(run_dir / "tensorboard" / f"shard-{shard}")
