@@ -41,8 +41,10 @@ def parsed(text: str) -> Samples:
     return out
 
 
-def families(text: str) -> set[str]:
-    return {f.name for f in text_string_to_metric_families(text) if f.name.startswith("switchps_")}
+def series_names(text: str) -> set[str]:
+    """The switchps series' names as PromQL names them (a counter's with its ``_total``)."""
+    return {f.name + "_total" * (f.type == "counter") for f in text_string_to_metric_families(text)
+            if f.name.startswith("switchps_")}
 
 
 def scrape(port: int) -> str:
@@ -118,9 +120,9 @@ def test_each_shard_serves_on_its_own_port():
 def test_docs_list_every_series_the_ps_and_a_shard_serve():
     h = Harness(workers=3, protocol={"name": "bsp", "batch": 8})
     tally, traffic = _fed(h)
-    served = families(generate_latest(metrics.registry(
+    served = series_names(generate_latest(metrics.registry(
         metrics.RunSeries(h.core, tally, traffic, Counter({"push:version": 1})), PUSH_STREAMS)).decode())
-    shard = families(generate_latest(metrics.registry(
+    shard = series_names(generate_latest(metrics.registry(
         metrics.ShardSeries(lambda: 3, traffic, Counter()))).decode())
     documented = set(re.findall(r"^\| `(switchps_\w+)`", DOCS.read_text(), re.M))
     assert shard <= served and served == documented
@@ -155,3 +157,12 @@ def test_a_live_ps_serves_its_series_over_http(cluster_factory):
     assert s["switchps_refusals_total"][(("reason", "version"), ("rpc", "push"))] == 1
     assert s["switchps_pushes_total"] == {(("outcome", "applied"),): 6, (("outcome", "dropped"),): 0,
                                           (("outcome", "rejected"),): 1}
+
+
+def test_the_grafana_dashboard_charts_every_documented_series_and_no_other():
+    dashboard = json.loads((Path(__file__).parent.parent / "switchps/examples/grafana/switchps.json").read_text())
+    charted = {name for p in dashboard["panels"] for t in p["targets"]
+               for name in re.findall(r"switchps_\w+", t["expr"])}
+    assert charted == set(re.findall(r"^\| `(switchps_\w+)`", DOCS.read_text(), re.M))
+    [alert] = [p for p in dashboard["panels"] if p["type"] == "stat" and "since the last update" in p["title"]]
+    assert alert["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"color": "red", "value": 300}
