@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import time
 import urllib.request
@@ -166,3 +167,71 @@ def test_the_grafana_dashboard_charts_every_documented_series_and_no_other():
     assert charted == set(re.findall(r"^\| `(switchps_\w+)`", DOCS.read_text(), re.M))
     [alert] = [p for p in dashboard["panels"] if p["type"] == "stat" and "since the last update" in p["title"]]
     assert alert["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"color": "red", "value": 300}
+
+
+def _two_free_ports() -> int:
+    """A port P, with P + 1, both free at the moment of asking (racy, as ``free_port``)."""
+    while True:
+        port = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+
+
+def _scrape_or_none(port: int) -> Samples | None:
+    try:
+        return parsed(scrape(port))
+    except OSError:
+        return None
+
+
+@pytest.mark.integration
+def test_every_shard_of_a_real_run_serves_its_series_while_it_trains(tmp_path):
+    """`switchps run` of a PS in two shards and two torch workers, with ``runtime.metrics_port``: shard 0's
+    series on the port, shard 1's on the next, scraped over HTTP while it trains; the port is closed after."""
+    port = _two_free_ports()
+    cfg = {"name": "metrics", "cluster": {"workers": 2, "ps": ["127.0.0.1:0"] * 2},
+           "model": {"framework": "torch", "name": "mlp", "kwargs": {"hidden": [32]}}, "data": {"name": "digits"},
+           "optimizer": {"name": "sgd", "learning_rate": 0.05}, "protocol": {"name": "bsp", "batch": 16},
+           "train": {"steps": 400}, "checkpoint": {"every_s": None},
+           "runtime": {"shard_max_mb": 0.004, "metrics_port": port}}
+    (tmp_path / "metrics.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen([SWITCHPS, "run", "metrics.yaml", "--quiet", "--set", f"output.dir={tmp_path}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        training = shard = None
+        while proc.poll() is None and (training is None or shard is None):
+            s = _scrape_or_none(port)
+            if s is not None and one(s, "switchps_model_version") > 0 and proc.poll() is None:
+                training = s
+            s1 = _scrape_or_none(port + 1)
+            if s1 is not None and sum(s1["switchps_received_bytes_total"].values()) > 0:
+                shard = s1
+            time.sleep(0.05)
+        last = _scrape_or_none(port)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert training is not None and shard is not None, "both shards were scraped while the run trained"
+    assert training["switchps_protocol"] == {(("name", "bsp"),): 1.0}
+    assert one(training, "switchps_workers_in_force") == 2 and 0 <= one(training, "switchps_seconds_since_update") < 60
+    assert set(by_worker(training, "switchps_worker_samples_total")) == {0, 1}
+    assert sum(training["switchps_received_bytes_total"].values()) > 0
+    assert sum(training["switchps_sent_bytes_total"].values()) > 0
+    assert one(shard, "switchps_model_version") >= 0 and "switchps_worker_state" not in shard, "a part's series"
+    [run_dir] = [d for d in tmp_path.iterdir() if (d / "summary.json").exists()]
+    pushed = Counter()
+    for row in rows(run_dir / "workers.csv"):
+        pushed[int(row["worker"])] += int(row["samples"])
+    final = last or training
+    assert all(0 < n <= pushed[w] for w, n in by_worker(final, "switchps_worker_samples_total").items()), \
+        "the samples the PS counted are those the record shows, up to the last scrape"
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["port"] for e in events if e["event"] == "metrics_serving"] == [port]
+    assert _scrape_or_none(port) is None and _scrape_or_none(port + 1) is None, "the ports are closed after the run"
