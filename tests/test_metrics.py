@@ -113,6 +113,14 @@ def test_before_training_starts_nothing_is_late_and_then_the_wait_counts_from_th
     assert one(parsed(generate_latest(reg).decode()), "switchps_seconds_since_update") == pytest.approx(3.0)
 
 
+def test_a_resumed_ps_counts_the_wait_from_its_own_start_not_the_runs():
+    h = Harness(workers=2)  # training started at 100
+    h.now += 3600.0  # the PS resumes an hour later, its core restored
+    reg = metrics.registry(metrics.RunSeries(h.core, metrics.Tally(clock=lambda: h.now), Counter(), Counter()))
+    h.now += 2.0
+    assert one(parsed(generate_latest(reg).decode()), "switchps_seconds_since_update") == pytest.approx(2.0)
+
+
 def test_each_shard_serves_on_its_own_port():
     assert [metrics.port_of(9100, k) for k in range(3)] == [9100, 9101, 9102]
     assert [metrics.port_of(0, k) for k in range(3)] == [0, 0, 0], "port 0: each its own, picked by the OS"

@@ -70,6 +70,11 @@ class Tally:
     """Pushes answered: ``applied`` or ``dropped``."""
     updates: int = 0
     last: LastUpdate | None = None
+    born: float = field(init=False)
+    """When this PS process began (a resumed run's training started before it)."""
+
+    def __post_init__(self) -> None:
+        self.born = self.clock()
 
     def pushed(self, worker: int, samples: int, step_s: float, staleness: int, at: float) -> None:
         w = self.workers.get(worker)
@@ -127,7 +132,8 @@ class RunSeries(Collector):
         yield GaugeMetricFamily("switchps_workers_in_force",
                                 "Workers the protocol's rule counts (active, not excluded)",
                                 value=len(required(core.members)))
-        yield from self._update(t.last, core.started_at, now)
+        started = None if core.started_at is None else max(core.started_at, t.born)
+        yield from self._update(t.last, started, now)
         yield from self._workers(now)
         pushes = CounterMetricFamily("switchps_pushes", "Pushes by outcome", labels=["outcome"])
         for outcome, n in (("applied", t.outcomes["applied"]), ("dropped", t.outcomes["dropped"]),
@@ -139,8 +145,8 @@ class RunSeries(Collector):
 
     @staticmethod
     def _update(last: LastUpdate | None, started: float | None, now: float) -> Iterator[Metric]:
-        """The last update's rate, wait and pushes, and the seconds since it (before the first: since training
-        started; before that, none: nothing is late yet)."""
+        """The last update's rate, wait and pushes, and the seconds since it (before this process's first: since
+        ``started``, when training started or this process resumed it; before that, none: nothing is late yet)."""
         if last is not None:
             yield GaugeMetricFamily("switchps_learning_rate", "The learning rate the last update applied",
                                     value=last.lr)
