@@ -141,7 +141,7 @@ def test_a_live_ps_serves_its_series_over_http(cluster_factory):
     c = cluster_factory(workers=2, size=16, protocol={"name": "bsp", "batch": 4})
     server = metrics.serve(metrics.registry(c.ps.series(), PUSH_STREAMS), 0)
     try:
-        for step in range(3):
+        for _ in range(3):
             pending = [w.push_async(np.ones(16, np.float32), 4 - w.index) for w in c.workers]
             for p in pending:
                 p.join(30)

@@ -6,8 +6,8 @@ of one PS on one host never ask for the same port (``serve``). A scrape reads th
 (the core's membership and version, the refusal counts, the bytes of payloads) plus what the push path
 notes in ``Tally``: a few attribute updates per push, no lock and no label lookup, so that metrics cost the
 push path nothing measurable. The scrape runs on the HTTP server's thread while the event loop changes that
-state: it copies each set and dict in one call (atomic under the GIL: their keys are ints and strings) and
-reads no structure twice.
+state: it copies each set and dict in one call (atomic under the GIL: their keys are ints and strings), so a
+scrape never sees one half-changed, though two series of one scrape may straddle an event.
 
 Every series is listed, with its type, labels and meaning, in docs/metrics.md (a test checks that the list
 and the endpoint agree).
@@ -52,8 +52,6 @@ class WorkerTally:
 class LastUpdate:
     """The update applied last, noted by the applier (``Tally.applied``)."""
 
-    version: int
-    protocol: str
     pushes: int
     lr: float
     wait_s: float
@@ -86,7 +84,7 @@ class Tally:
 
     def applied(self, a: Apply, lr: float) -> None:
         """Update ``a`` was applied at rate ``lr`` (on the applier's thread: one assignment publishes it)."""
-        self.last = LastUpdate(a.version, a.protocol, len(a.aggregate.members), lr, a.wait_s, self.clock())
+        self.last = LastUpdate(len(a.aggregate.members), lr, a.wait_s, self.clock())
         self.updates += 1
 
 
@@ -166,27 +164,27 @@ class RunSeries(Collector):
         active, excluded = frozenset(m.active), frozenset(m.excluded)
         tallies = dict(self.tally.workers)
         workers = sorted(set(m.registered) | tallies.keys())
-        doc = "Worker {}, as its pushes told the PS"
-        families = {name: (kind(f"switchps_worker_{name}", doc.format(what), labels=["worker"]), read)
+        families = [(kind(f"switchps_worker_{name}", f"The worker's {what}, as its pushes told the PS",
+                          labels=["worker"]), read)
                     for name, kind, what, read in (
                         ("pushes", CounterMetricFamily, "pushes", lambda w: w.pushes),
                         ("samples", CounterMetricFamily, "samples pushed", lambda w: w.samples),
                         ("step_seconds", GaugeMetricFamily, "compute seconds of its last step", lambda w: w.step_s),
-                        ("staleness", GaugeMetricFamily, "staleness of its last push", lambda w: w.staleness))}
+                        ("staleness", GaugeMetricFamily, "staleness of its last push", lambda w: w.staleness))]
         since = GaugeMetricFamily("switchps_worker_seconds_since_push", "Seconds since the worker's last push",
                                   labels=["worker"])
         state = GaugeMetricFamily("switchps_worker_state", "The worker's state (1 on the one it is in)",
                                   labels=["worker", "state"])
         for w in workers:
             tally, label = tallies.get(w, WorkerTally()), str(w)
-            for family, read in families.values():
+            for family, read in families:
                 family.add_metric([label], read(tally))
             if tally.last_push is not None:
                 since.add_metric([label], now - tally.last_push)
             now_in = "excluded" if w in excluded else "active" if w in active else "inactive"
             for s in STATES:
                 state.add_metric([label, s], float(s == now_in))
-        yield from (family for family, _ in families.values())
+        yield from (family for family, _ in families)
         yield since
         yield state
 
