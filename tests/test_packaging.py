@@ -78,7 +78,7 @@ def test_the_wheel_holds_real_files_for_every_subpackage(tmp_path):
             in_wheel = sorted(n[len(prefix):] for n in infos if n.startswith(prefix) and "/" not in n[len(prefix):])
             assert in_wheel == on_disk, sub
             assert all(infos[f"switchps/{sub}/{name}"].file_size > 0 or name == "__init__.py" for name in on_disk)
-        for folder in ("studies", "slurm", "k8s"):  # the example configs ship with the package
+        for folder in ("studies", "slurm", "k8s", "grafana"):  # the example configs ship with the package
             shipped = sorted(p.name for p in (ROOT / "switchps" / "examples" / folder).iterdir() if p.is_file())
             assert shipped and all(infos[f"switchps/examples/{folder}/{name}"].file_size > 0 for name in shipped), folder
 

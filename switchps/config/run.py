@@ -110,7 +110,8 @@ class RuntimeSpec(Section):
     as ``push:grad_norm``): a bound on what a buggy worker's finite but absurd gradient can do. None: off.
     A simulation's gradients are its own: not checked."""
     metrics_port: int | None = Field(None, ge=0, le=65535)
-    """Expose Prometheus metrics from the PS on this port."""
+    """Serve the PS's Prometheus series (docs/metrics.md) over HTTP on this port; follower shard K of a sharded
+    PS on this port + K. 0: each PS process a free port the OS picks (logged). None: off."""
     ps_threads: Annotated[int, Field(ge=1, le=MAX_THREADS)] | Literal["auto"] = "auto"
     """Threads (1 to 256) each PS process, each shard, applies an update and joins pushes on, block by
     block, with bit-identical results on any number. auto: 1 with fewer than 8 usable cores per PS process

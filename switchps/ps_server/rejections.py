@@ -15,12 +15,10 @@ import re
 from collections.abc import Callable
 
 import grpc
-from prometheus_client import Counter
 
 from switchps.ps_server.records import RunRecorder
 from switchps.refusals import Rejected
 
-PUSHES = Counter("switchps_pushes", "Pushes by outcome", ["outcome"])
 EVENTS_PER_REASON = 100
 """Rejections of one kind beyond this many are counted but no longer logged as events (a flood of bad
 requests must not fill the disk)."""
@@ -56,8 +54,6 @@ class RejectionCounter:
     def _record(self, rpc: str, r: Rejected) -> None:
         assert self.rec is not None
         self.rec.reject(rpc, r.reason)  # which counts it in ``counts``
-        if rpc == "push":
-            PUSHES.labels("rejected").inc()
         if self.counts[f"{rpc}:{r.reason}"] <= EVENTS_PER_REASON:
             self.rec.event(f"{rpc}_rejected", reason=r.reason, message=str(r), version=self.version())
 

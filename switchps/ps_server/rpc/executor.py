@@ -13,19 +13,17 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-from prometheus_client import Gauge
 
 from switchps.ps_server.core.actions import Apply, Count, Free, Join, Record, Release, SetOptimizer
+from switchps.ps_server.metrics import Tally
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
 from switchps.optim.optimizers import adjust_optimizer
 from switchps.ps_server.records import RunRecorder
 
-VERSION = Gauge("switchps_model_version", "Current model version")
 LOGGED = frozenset({"worker_left", "training_paused", "training_resumed"})
 """Events the PS's log says as they happen (an elastic run's membership), besides recording them."""
 log = logging.getLogger("switchps.ps")
-
 
 @dataclass
 class StoreExecutor:
@@ -36,6 +34,7 @@ class StoreExecutor:
     rec: RunRecorder
     grads: dict[int, np.ndarray]
     held: dict[int, asyncio.Future[tuple[Release, Snapshot]]]
+    tally: Tally
 
     def join(self, a: Join) -> None:
         self.store.join(a.aggregate_id, self.grads.pop(a.push_id))
@@ -46,9 +45,13 @@ class StoreExecutor:
     def apply(self, a: Apply) -> None:
         agg = a.aggregate
         snap = self.store.submit(agg.id, agg.samples, len(agg.members), a.lr_factor,
-                                 on_applied=partial(self.rec.update, a), outer=a.outer)
+                                 on_applied=partial(self._applied, a), outer=a.outer)
         assert snap.version == a.version, "the store and the core count versions alike"
-        VERSION.set(a.version)
+
+    def _applied(self, a: Apply, lr: float) -> None:
+        """On the applier's thread, once it knows the rate it applied: the record's row and the series'."""
+        self.rec.update(a, lr)
+        self.tally.applied(a, lr)
 
     def release(self, a: Release) -> None:
         fut = self.held.pop(a.push_id, None)

@@ -7,8 +7,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from prometheus_client import start_http_server
-
 from switchps.address import publish, published, reachable, split
 from switchps.security.channels import server_security
 from switchps.config.run import RunConfig
@@ -24,7 +22,8 @@ from switchps.optim.optimizers import optimizer_factory
 from switchps.ps_server.records import PS_COLUMNS, RunRecorder
 from switchps.ps_server.drivers import build_core, prepare_run_dir, run_summary
 from switchps.ps_server.rpc.server import Servable, Server
-from switchps.ps_server.rpc.service import ParameterServer
+from switchps.ps_server.rpc.service import PUSH_STREAMS, ParameterServer
+from switchps.ps_server import metrics
 from switchps.ps_server.rpc.admission import Admission, Alone
 from switchps.ps_server.shard.zero import ShardZero
 from switchps.ps_server.shard.followers import Leader
@@ -68,11 +67,13 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
     """Serve until training ends and the final evaluation is in; write and return the summary."""
     ckpt = prepare_run_dir(cfg, run_dir, resume)
     ps = build_ps(cfg, run_dir, ckpt)
+    exporter = None  # before the PS is reachable: a taken metrics port stops it before any worker finds it
+    if cfg.runtime.metrics_port is not None:
+        exporter = metrics.serve(metrics.registry(ps.series(), PUSH_STREAMS), cfg.runtime.metrics_port)
+        ps.rec.event("metrics_serving", port=exporter.server_port)
     sampler = ResourceSampler("ps", run_dir / "resources.csv")
     server = serve(ps, cfg, run_dir, resume)
     followers = ps.admission.followers  # a sharded PS's: they serve until its final checkpoint is taken
-    if cfg.runtime.metrics_port is not None:
-        start_http_server(cfg.runtime.metrics_port)
     try:
         ps.finished.wait()
         ps.final_evaluated.wait(cfg.eval.final_timeout_s)
@@ -84,6 +85,8 @@ def run_ps(cfg: RunConfig, run_dir: Path, resume: bool = False) -> dict[str, Any
             server.call(followers.stop)
     finally:
         server.stop(grace=1.0)
+        if exporter is not None:
+            metrics.stop(exporter)
     ps.store.wait_idle(timeout=60)  # every queued update applied and recorded
     if followers is None:
         _final_checkpoint(ps, lambda take: take())

@@ -27,6 +27,7 @@ import asyncio
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import NoReturn
@@ -54,7 +55,8 @@ from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.snapshot import Snapshot
 from switchps.ps_server.store import ModelStore
 from switchps.ps_server.records import RunRecorder
-from switchps.ps_server.rejections import PUSHES, RejectionCounter, refuse
+from switchps.ps_server.metrics import RunSeries, Tally
+from switchps.ps_server.rejections import RejectionCounter, refuse
 from switchps.ps_server.validate import check_eval, check_grad_norm, check_layout
 from switchps.refusals import Rejected, invalid, precondition
 
@@ -84,8 +86,12 @@ class ParameterServer:
         self._ids = itertools.count()
         self._held: dict[int, asyncio.Future[tuple[Release, Snapshot]]] = {}
         self._grads: dict[int, np.ndarray] = {}  # push id -> its gradient buffer, until the core joins or frees it
+        self.tally = Tally(clock)  # what the push path and the applier note for the Prometheus series
+        self.traffic: Counter[str] = Counter()
+        """Payload bytes received (``in``) and sent (``out``), and of them through shared memory (``*_shared``)."""
         self.admission = admission or Alone()
-        self.executor: Executor = self.admission.executor(StoreExecutor(store, rec, self._grads, self._held))
+        self.executor: Executor = self.admission.executor(StoreExecutor(store, rec, self._grads, self._held,
+                                                                        self.tally))
         self.failed: Exception | None = None
         """Why the run stopped before training was over (``end``)."""
         self.admission.bind(self.end)
@@ -97,6 +103,10 @@ class ParameterServer:
         self.checkpointer: Checkpointer | None = None  # set by ``main.build_ps`` when checkpoints are on
         self._checkpoint_soon = False
         self.guard: Guard | None = None  # set by ``server.Server`` when the PS has a secret
+
+    def series(self) -> RunSeries:
+        """This PS's Prometheus series, read at scrape time (``metrics``)."""
+        return RunSeries(self.core, self.tally, self.traffic, self.rec.rejections)
 
     # ---- driving the core -----------------------------------------------------------------------
 
@@ -233,6 +243,7 @@ class ParameterServer:
             refuse(ctx, self.count_rejection, "init", r)
             self.store.buffers.discard()  # what gRPC buffered for the refused call leaves no resident pages
             return
+        self.traffic["in"] += values.nbytes
         self.store.initialize(layout, values)
         self.rec.event("model_initialized", worker=worker, parameters=int(values.size))
         self._execute(self.core.initialized_at(self.clock()))
@@ -303,14 +314,17 @@ class ParameterServer:
         if self.link is not None:
             await self.link.inbound.transfer(self.store.nbytes)
             p.arrived = self.clock()  # the PS has the gradient only once it has crossed the link
-        if not self.core.is_retry(p):  # a retry's step is recorded once
+        retry = self.core.is_retry(p)
+        if not retry:  # a retry's step is recorded once
             self.rec.step(p.worker, p.base_version, p.samples, report)
         released = self._held[p.id] = asyncio.get_running_loop().create_future()
         self._grads[p.id] = grad
         self._execute(self.core.push(p, report, p.arrived))
+        if not retry:  # its staleness is the core's, set by ``push``
+            self.tally.pushed(p.worker, p.samples, report.compute_s, p.staleness, p.arrived)
         release, snapshot = await released
         o = release.outcome
-        PUSHES.labels("applied" if o.applied else "dropped").inc()
+        self.tally.outcomes["applied" if o.applied else "dropped"] += 1
         reply = pb.PushReply(applied=o.applied, note=o.note, staleness=o.staleness, wait_s=o.wait_s,
                              order=work_orders.to_wire(release.order))
         async for frame in self._send(reply, snapshot, p.worker, segment, whole is not None):
@@ -327,6 +341,9 @@ class ParameterServer:
         except BaseException as e:
             self.admission.refused(h, str(e))
             raise
+        self.traffic["in"] += h.nbytes
+        if h.shared:
+            self.traffic["in_shared"] += h.nbytes
         p = Push(next(self._ids), h.worker, h.base_version, h.samples, report.loss_sum, self.clock(),
                  step=report.step, session=h.session, squares=squares)
         self.admission.admitted(h, p.id)
@@ -368,7 +385,9 @@ class ParameterServer:
         if self.link is not None and worker >= 0:
             await self.link.outbound.transfer(snapshot.nbytes)
         reply.order.version, reply.nbytes = snapshot.version, snapshot.nbytes
+        self.traffic["out"] += snapshot.nbytes
         if segment is not None and isinstance(reply, pb.PushReply):
+            self.traffic["out_shared"] += snapshot.nbytes
             await write_values(segment, snapshot)
             reply.shared = True
             yield next(encode(reply))

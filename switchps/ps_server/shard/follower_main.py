@@ -12,6 +12,7 @@ from switchps.config.run import RunConfig
 from switchps.errors import RunDirError, ShardLost
 from switchps.jsonfile import write_json
 from switchps.protos.heap import one_arena
+from switchps.ps_server import metrics
 from switchps.ps_server.shard.follower import Follower
 from switchps.ps_server.rpc.main import bind_server
 from switchps.optim.lanes import ps_threads
@@ -46,6 +47,10 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
     follower = Follower(shard, len(cfg.cluster.shards), leader, client_security(cfg, "shard", shard), store,
                         cfg.runtime.shard_max_bytes, cfg.runtime.receive_timeout_s, part_dir(run_dir, shard),
                         cfg.checkpoint.keep, workers=cfg.cluster.max_workers)
+    exporter = None
+    if cfg.runtime.metrics_port is not None:  # its own port: shards on one host never ask for the same one
+        series = metrics.ShardSeries(lambda: follower.store.version, follower.traffic, follower.rejections)
+        exporter = metrics.serve(metrics.registry(series), cfg.runtime.metrics_port, shard)
     sampler = ResourceSampler(f"ps-{shard}", run_dir / "resources.csv")
     server = bind_server(follower, cfg, run_dir, shard, reuse=True)  # workers know the port it had
     tensorboard = EventFile(run_dir / "tensorboard" / f"shard-{shard}")
@@ -63,6 +68,8 @@ def run_follower(cfg: RunConfig, run_dir: Path, shard: int, leader: str) -> None
             raise ShardLost(f"shard {shard}: shard 0 at {leader} left before training was over")
     finally:
         server.stop(grace=1.0)
+        if exporter is not None:
+            metrics.stop(exporter)
         sampler.stop()
         follower.saver.close()
     store.wait_idle(timeout=60)
