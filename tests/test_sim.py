@@ -324,9 +324,9 @@ def test_parameters_crossing_a_slow_link_are_kept_while_newer_versions_are_appli
     pulled, reply, begin = driver.Simulator._pulled, driver.Simulator.release, SimWorker.begin
     init, applied = Real.__init__, Real.applied
 
-    def first(self: driver.Simulator, w: SimWorker, order: Any) -> None:
+    def first(self: driver.Simulator, w: SimWorker, order: Any, life: int) -> None:
         sent[w.index].append(order.version)
-        pulled(self, w, order)
+        pulled(self, w, order, life)
 
     def replying(self: driver.Simulator, r: Any) -> None:
         sent[r.worker] += [] if r.order.stop else [r.order.version]

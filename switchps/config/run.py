@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
+from switchps.config.churn import ChurnSpec, churn_problems
 from switchps.config.cluster import Cluster
 from switchps.config.cpu_binding import CpuBindingSpec
 from switchps.config.emulation import DeviceSpec, NetworkSpec
@@ -168,6 +169,7 @@ class RunConfig(Section):
     device: DeviceSpec = Field(default_factory=DeviceSpec)
     network: NetworkSpec = Field(default_factory=NetworkSpec)
     stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
+    churn: ChurnSpec = Field(default_factory=ChurnSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     security: SecuritySpec = Field(default_factory=SecuritySpec)
@@ -179,7 +181,8 @@ class RunConfig(Section):
         problems = under("security", self.security.role_problems(role_of(info), ps_host))
         if (elastic := self.cluster.elastic) is not None:
             n = elastic.min
-            problems += elastic_problems(self, role_of(info))
+            problems += elastic_problems(self)
+        problems += churn_problems(self.churn, self.cluster, role_of(info))
         if isinstance(self.protocol, Rounds) and self.protocol.backup_workers >= n:
             fewest = "the fewest members (cluster.workers.min)" if elastic else "the number of workers"
             problems.append(("protocol.backup_workers", f"must be below {fewest} ({n})"))
@@ -209,15 +212,12 @@ class RunConfig(Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def elastic_problems(cfg: RunConfig, role: Role | None) -> list[tuple[str, str]]:
+def elastic_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """What an elastic run (``cluster.workers: {min, max}``) cannot have."""
-    problems = []
     if cfg.data.sampling == "partition":
-        problems.append(("data.sampling", "an elastic run draws with replacement: worker i's every-N-th share "
-                                          "means nothing once N moves (set data.sampling: replacement)"))
-    if role == "simulate":
-        problems.append(("cluster.workers", "the simulator does not model joins and leaves yet: give a count"))
-    return problems
+        return [("data.sampling", "an elastic run draws with replacement: worker i's every-N-th share "
+                                  "means nothing once N moves (set data.sampling: replacement)")]
+    return []
 
 
 def _free(path: Path, claim: bool) -> bool:

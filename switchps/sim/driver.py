@@ -9,6 +9,11 @@ store's update rule (``optimizers.apply_update``) and record it, ``Release`` a r
 link's outbound side, then the worker's next step starts), ``SetOptimizer``, ``Record``, ``Count``. The
 core's timers become events; the latest version is evaluated every ``eval.every_s`` of virtual time and
 when training ends.
+
+Elastic membership (``churn``): a worker ``arrive``s (registers, pulls the latest version across the link,
+steps) and ``depart``s (stops: its step under way is lost, as a preempted process loses what it computed; a
+push it had sent still arrives, as it had left the worker; a pull or a reply crossing to it is dropped on
+arrival). The PS is not told: the core notices the silence after ``cluster.leave_after_s``, its own rule.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
+
+import numpy as np
 
 from switchps.config.run import RunConfig
 from switchps.protos.wire_dtype import wire_nbytes
@@ -27,6 +34,7 @@ from switchps.ps_server.link import DuplexLink
 from switchps.optim.optimizers import Optimizer, adjust_optimizer, apply_update
 from switchps.ps_server.outer import OuterOptimizers
 from switchps.ps_server.records import RunRecorder
+from switchps.sim.churn import Churn
 from switchps.sim.learner import Learner, Score
 from switchps.sim.loop import Event, Loop
 from switchps.sim.network import Wire
@@ -39,13 +47,14 @@ SESSION = 1
 
 @dataclass
 class Drive:
-    """What the simulator drives: the core, the model's side, the optimizer, the run record and the workers."""
+    """What the simulator drives: the core, the model's side, the optimizer, the run record, and the training
+set's ``rows`` (``np.arange(n)``) its workers draw from."""
 
     core: Core
     learner: Learner
     optimizer: Optimizer
     rec: RunRecorder
-    workers: list[SimWorker]
+    rows: np.ndarray
     link: DuplexLink | None = None
 
 
@@ -58,7 +67,10 @@ class Simulator:
         nbytes = wire_nbytes(parts.learner.values.size, cfg.runtime.wire_dtype)  # the link carries the wire's type
         self.inbound = Wire(loop, parts.link.inbound if parts.link else None, nbytes)
         self.outbound = Wire(loop, parts.link.outbound if parts.link else None, nbytes)
+        self.workers = {i: SimWorker(cfg, i, parts.rows) for i in range(cfg.cluster.num_workers)}
+        """Index -> the worker: the starting ones, and each other from its first arrival on."""
         self.works: dict[int, Work] = {}  # push id -> its step, until the push is applied or dropped
+        self.lives: dict[int, int] = {}  # push id -> its worker's life when it pushed, until its reply
         self.joined: dict[int, list[int]] = defaultdict(list)  # aggregate id -> its pushes, in join order
         self.told_stop: set[int] = set()
         self.final: Score | None = None
@@ -67,35 +79,76 @@ class Simulator:
         self.random = StepRandom(cfg.seed)
         self._timer: tuple[float, Event] | None = None  # when the core's timer is armed, and its event
         self.outer = OuterOptimizers(parts.learner.trainable)  # movements' optimizers (``Apply.outer``)
+        self.churn = Churn(cfg, loop, self)
+
+    @property
+    def done(self) -> bool:
+        return self.core.done
 
     def start(self) -> None:
-        """Every worker registers at time 0, the model is initialized, and each worker pulls it."""
+        """The starting workers (``cluster.num_workers``) register at time 0, the model is initialized, and
+        each worker pulls it."""
         core, now = self.core, self.loop.now
-        for w in self.parts.workers:
+        workers = list(self.workers.values())
+        for w in workers:
+            w.arrive()
             self._execute(core.register(w.index, w.registered, now))
         self.rec.event("model_initialized", worker=0, parameters=int(self.learner.values.size))
         self._execute(core.initialized_at(now))
         assert core.started_at is not None, "every worker registered and the model is initialized"
         self.rec.start(core.started_at)
-        for w in self.parts.workers:
-            order = core.issue(w.index, now)
-            self.learner.sent(order.version)
-            self.outbound.send(partial(self._pulled, w, order))
+        for w in workers:
+            self._pull(w)
+        self.churn.start()
         self._evaluate()
 
     # ---- workers --------------------------------------------------------------------------------
 
-    def _pulled(self, w: SimWorker, order: WorkOrder) -> None:
+    def _worker(self, index: int) -> SimWorker:
+        w = self.workers.get(index)
+        if w is None:
+            w = self.workers[index] = SimWorker(self.cfg, index, self.parts.rows)
+        return w
+
+    def arrive(self, index: int) -> None:
+        """Worker ``index`` joins (a new index) or comes back: it registers, pulls and steps."""
+        w = self._worker(index)
+        assert not w.running, f"worker {index} arrives while running"
+        w.arrive()
+        self.rec.event("churn", worker=index, change="join")
+        self._execute(self.core.register(index, w.registered, self.loop.now))
+        self._pull(w)
+
+    def depart(self, index: int) -> None:
+        """Worker ``index`` stops (see the module docstring); the PS is not told."""
+        w = self.workers[index]
+        assert w.running, f"worker {index} departs while not running"
+        w.depart()
+        self.rec.event("churn", worker=index, change="leave")
+
+    def _pull(self, w: SimWorker) -> None:
+        order = self.core.issue(w.index, self.loop.now)
+        self.learner.sent(order.version)
+        self.outbound.send(partial(self._pulled, w, order, w.life))
+
+    def _pulled(self, w: SimWorker, order: WorkOrder, life: int) -> None:
+        if life != w.life:  # it departed while the parameters crossed
+            self.learner.unused(order.version)
+            return
         w.started = self.loop.now
         self._begin(w, order)
 
     def _begin(self, w: SimWorker, order: WorkOrder) -> None:
         work = w.begin(order, self.loop.now)
         self.learner.started(work)
-        self.loop.at(work.done_at, self._send, w, work)
+        self.loop.at(work.done_at, self._send, w, work, w.life)
 
-    def _send(self, w: SimWorker, work: Work) -> None:
-        """The step is done: its push is checked as its header arrives, then crosses the link."""
+    def _send(self, w: SimWorker, work: Work, life: int) -> None:
+        """The step is done: its push is checked as its header arrives, then crosses the link (unless its
+        worker departed while computing it: then it is lost)."""
+        if life != w.life:
+            self.learner.lost(work)
+            return
         now = w.pushed_at = self.loop.now
         work.loss_sum = self.learner.loss(work)
         report = work.report()
@@ -104,6 +157,7 @@ class Simulator:
         p = Push(self._ids, work.worker, work.version, work.samples, report.loss_sum, now, step=work.step,
                  session=SESSION)
         self.works[p.id] = work
+        self.lives[p.id] = life
         overhead = self._overhead(work)
         if overhead:
             self.loop.at(now + overhead, self.inbound.send, partial(self._arrived, p, report))
@@ -126,14 +180,21 @@ class Simulator:
     # ---- the core's actions (``actions.Executor``) --------------------------------------------------
 
     def release(self, r: Release) -> None:
-        """A held reply goes out: a stop ends the worker, else its parameters cross the link."""
+        """A held reply goes out: a stop ends the worker, else its parameters cross the link; a reply to a
+        push of a worker's earlier life reaches nobody."""
+        w, life = self.workers[r.worker], self.lives.pop(r.push_id)
+        if life != w.life:
+            return
         if r.order.stop:
             self.told_stop.add(r.worker)
             return
         self.learner.sent(r.order.version)
-        self.outbound.send(partial(self._replied, self.parts.workers[r.worker], r))
+        self.outbound.send(partial(self._replied, w, r, life))
 
-    def _replied(self, w: SimWorker, r: Release) -> None:
+    def _replied(self, w: SimWorker, r: Release, life: int) -> None:
+        if life != w.life:  # it departed while the reply crossed
+            self.learner.unused(r.order.version)
+            return
         w.replied(self.loop.now, r.outcome.wait_s)
         self._begin(w, r.order)
 

@@ -154,12 +154,22 @@ class Real:
 
     def done(self, work: Work) -> None:
         work.grad = None
-        v = work.version
-        self.refs[v] -= 1
-        if self.refs[v] == 0:
-            del self.refs[v]
-            if v != self.latest:
-                del self.params[v]
+        self.unused(work.version)
+
+    def lost(self, work: Work) -> None:
+        group = self.unscored.get(work.version, [])
+        if work in group:  # by identity (``Work`` compares so)
+            group.remove(work)
+            if not group:
+                del self.unscored[work.version]
+        self.done(work)
+
+    def unused(self, version: int) -> None:
+        self.refs[version] -= 1
+        if self.refs[version] == 0:
+            del self.refs[version]
+            if version != self.latest:
+                del self.params[version]
 
     def applied(self, version: int) -> None:
         old, self.latest = self.latest, version

@@ -45,6 +45,12 @@ class Learner(Protocol):
     def done(self, work: Work) -> None:
         """The step's push was applied or dropped: its version may go."""
 
+    def lost(self, work: Work) -> None:
+        """The step never pushes (its worker departed while computing it): forget it; its version may go."""
+
+    def unused(self, version: int) -> None:
+        """``version``'s parameters, ``sent`` to a worker, started no step (it departed): the version may go."""
+
     def applied(self, version: int) -> None:
         """``values`` now hold ``version``, the newest."""
 
@@ -72,6 +78,12 @@ class TimeOnly:
         return np.empty(0, np.float32)
 
     def done(self, work: Work) -> None:
+        pass
+
+    def lost(self, work: Work) -> None:
+        pass
+
+    def unused(self, version: int) -> None:
         pass
 
     def applied(self, version: int) -> None:

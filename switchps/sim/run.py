@@ -32,7 +32,6 @@ from switchps.ps_server.drivers import RECORD_FILES, build_core, elapsed, prepar
 from switchps.sim.driver import Drive, Simulator
 from switchps.sim.learner import Learner, TimeOnly
 from switchps.sim.loop import Loop
-from switchps.sim.workers import SimWorker
 from switchps.workload.data import configured_dataset
 
 EVENTS_PER_TURN = 2000
@@ -57,9 +56,8 @@ def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: b
     loop = Loop()
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, flush_every_s=None, clock=lambda: loop.now)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
-    rows = np.arange(n)
     parts = Drive(build_core(cfg), learner, optimizer_factory(cfg.optimizer)(learner.trainable), rec,
-                  [SimWorker(cfg, i, rows) for i in range(cfg.cluster.num_workers)], link)
+                  np.arange(n), link)
     sim = Simulator(cfg, parts, loop)
     started, interrupted = time.monotonic(), False
     # While the loop runs, what exists before it (the workers, their generators, the model, TensorFlow's

@@ -25,7 +25,7 @@ from switchps.config.run import RunConfig
 from switchps.ps_server.core.events import Local, StepReport, WorkOrder
 from switchps.sim.loop import WorkerClock
 from switchps.straggler_trace import StepDelays
-from switchps.workload.data import share, share_size
+from switchps.workload.data import registered_size, share
 from switchps.worker.steps import Budget, StepRunner, make_sampler
 from switchps.worker.stragglers import StragglerInjector
 
@@ -96,12 +96,17 @@ class Work:
 class SimWorker:
     """Worker ``index`` of ``cfg``: its data share, sampler, straggler plan and step counter, as
     ``worker.main.run_worker`` sets them up, over the training set's ``rows`` (``np.arange(n)``, shared by
-    every worker: a share is a view of it)."""
+    every worker: a share is a view of it).
+
+    Under churn a worker departs and may come back: ``life`` counts its departures, and what was under way
+    when it departed (a step, a pull or a reply crossing the link) belongs to an older life and is
+    discarded. It comes back as the same process would resume: its sampler, straggler plans and step
+    counter go on (a push's step never repeats one the PS has seen)."""
 
     def __init__(self, cfg: RunConfig, index: int, rows: np.ndarray) -> None:
-        n, workers = len(rows), cfg.cluster.num_workers
+        n, workers = len(rows), cfg.cluster.max_workers
         rows = rows[share(n, index, workers, cfg.data.sampling)]
-        self.index, self.registered = index, share_size(n, index, workers)
+        self.index, self.registered = index, registered_size(n, index, cfg)
         self.clock, self.indices = WorkerClock(), Indices(rows)
         sampler = make_sampler(cfg.data.sampling, len(rows), cfg.seed, index)
         self.runner = StepRunner(self.indices, sampler, cfg.device.samples_per_s, self.clock)
@@ -111,6 +116,16 @@ class SimWorker:
         self.started = 0.0  # when its first pull arrived: its straggler plan's time counts from then
         self.pushed_at = 0.0
         self.send_s = self.wait_s = 0.0  # the last push's round trip and wait, reported with the next one
+        self.life = 0  # departures so far
+        self.running = False  # between its registration and its departure
+
+    def depart(self) -> None:
+        """It stops: what it had under way is lost."""
+        self.life, self.running = self.life + 1, False
+
+    def arrive(self) -> None:
+        """It (re)starts, with no push of this life to report a round trip for."""
+        self.running, self.send_s, self.wait_s = True, 0.0, 0.0
 
     def begin(self, order: WorkOrder, now: float) -> Work:
         """Run a step under ``order``, received at ``now``: it pushes at ``done_at``."""
