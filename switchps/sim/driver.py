@@ -41,9 +41,6 @@ from switchps.sim.network import Wire
 from switchps.sim.workers import SimWorker, Work
 from switchps.step_random import StepRandom, Stream
 
-SESSION = 1
-"""Every simulated worker's session: one process each, which never restarts, so it never resends."""
-
 
 @dataclass
 class Drive:
@@ -152,10 +149,11 @@ class Simulator:
         now = w.pushed_at = self.loop.now
         work.loss_sum = self.learner.loss(work)
         report = work.report()
-        self.core.check_push(work.worker, work.samples, work.version, report, now, SESSION)
+        session = life + 1  # a worker's every life is a new process: it never resends, and may skip a step
+        self.core.check_push(work.worker, work.samples, work.version, report, now, session)
         self._ids += 1
         p = Push(self._ids, work.worker, work.version, work.samples, report.loss_sum, now, step=work.step,
-                 session=SESSION)
+                 session=session)
         self.works[p.id] = work
         self.lives[p.id] = life
         overhead = self._overhead(work)
