@@ -151,6 +151,13 @@ class RuntimeSpec(Section):
         return int(self.shard_max_mb * 2**20)
 
 
+CLIP_ACROSS_SHARDS = {
+    "global_clip_norm": "no shard sees the whole gradient's norm",
+    "clip_norm": "a variable above runtime.shard_max_mb is cut into row blocks on several shards",
+}
+"""The clips a sharded PS refuses, and why (``protos.partition``)."""
+
+
 class RunConfig(Section):
     name: str = "run"
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -180,6 +187,10 @@ class RunConfig(Section):
             problems.append(("protocol.backup_workers", f"must be below the number of workers ({n})"))
         if self.runtime.pipeline_sync and not self.runtime.pipeline_depth:
             problems.append(("runtime.pipeline_sync", "overlaps steps only with runtime.pipeline_depth: 1"))
+        if len(self.cluster.shards) > 1:
+            problems += [(f"optimizer.{key}", f"clips on one PS process, not over {len(self.cluster.shards)} shards "
+                                              f"({why})") for key, why in CLIP_ACROSS_SHARDS.items()
+                         if getattr(self.optimizer, key) is not None]
         if self.model.framework == "tensorflow" and self.runtime.device.startswith("cuda"):
             problems.append(("runtime.device", f"{self.runtime.device} is for model.framework torch; TensorFlow "
                                                "roles run on the CPU (auto or cpu)"))
