@@ -188,9 +188,11 @@ class RunConfig(Section):
         if self.runtime.pipeline_sync and not self.runtime.pipeline_depth:
             problems.append(("runtime.pipeline_sync", "overlaps steps only with runtime.pipeline_depth: 1"))
         if len(self.cluster.shards) > 1:
-            problems += [(f"optimizer.{key}", f"clips on one PS process, not over {len(self.cluster.shards)} shards "
-                                              f"({why})") for key, why in CLIP_ACROSS_SHARDS.items()
-                         if getattr(self.optimizer, key) is not None]
+            ps_optimizers = {"optimizer": self.optimizer,
+                             "protocol.outer_optimizer": getattr(self.protocol, "outer_optimizer", None)}
+            problems += [(f"{at}.{key}", f"clips on one PS process, not {len(self.cluster.shards)} shards ({why})")
+                         for at, spec in ps_optimizers.items() if spec is not None
+                         for key, why in CLIP_ACROSS_SHARDS.items() if getattr(spec, key) is not None]
         if self.model.framework == "tensorflow" and self.runtime.device.startswith("cuda"):
             problems.append(("runtime.device", f"{self.runtime.device} is for model.framework torch; TensorFlow "
                                                "roles run on the CPU (auto or cpu)"))

@@ -127,7 +127,7 @@ class ModelStore:
             self.trainable = trainable_size(layout)
             self.optimizer = self._make_optimizer(self.trainable)
             self.optimizer.set_variables(variable_sizes(layout))  # per-variable clipping's boundaries
-            self.outer = OuterOptimizers(self.trainable)
+            self.outer = OuterOptimizers(self.trainable, variable_sizes(layout))
             self.buffers = BufferPool(values.size, self.buffers.limit)
             self._latest = Snapshot.of(self.version, values, self.chunk_bytes, self.wire)
             self.initialized = True

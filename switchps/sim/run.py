@@ -25,7 +25,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from switchps.config.run import RunConfig
 from switchps.errors import RunDirError
 from switchps.problems import ConfigError
-from switchps.protos.layout import variable_sizes
 from switchps.ps_server.link import DuplexLink
 from switchps.optim.optimizers import optimizer_factory
 from switchps.ps_server.records import RunRecorder
@@ -104,7 +103,7 @@ def _learner(cfg: RunConfig, time_only: bool) -> tuple[Learner, int, list[int]]:
     from switchps.sim.gradients import real_learner
 
     learner = real_learner(cfg)
-    return learner, learner.gc.samples, variable_sizes(learner.gc.weights.layout())
+    return learner, learner.gc.samples, learner.variables
 
 
 def _drive(cfg: RunConfig, sim: Simulator, quiet: bool) -> None:
