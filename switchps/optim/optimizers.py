@@ -184,10 +184,11 @@ class Optimizer:
         afterwards. ``grad_scale`` multiplies the gradient block by block first (or folds
         into the step size, ``folds_scale``), so a summed gradient becomes a mean without a
         separate pass over memory. ``clip`` first clips the mean gradient ``grad * grad_scale``
-        (``Clip.apply``); a ``weight_decay`` decays each block of ``params`` before its step. ``lanes``: the threads the blocks run on (``Lanes.run``; the same
-        results on any number); ``done(start, stop)`` runs on the thread that finished a block, right
-        after it, e.g. to copy it out while it is in that core's cache (a caller whose lanes are not
-        ``parallel`` publishes from the yielded ends instead, with no ``done``).
+        (``Clip.apply``); a ``weight_decay`` decays each block of ``params`` before its step. ``lanes``: the
+        threads the blocks run on (``Lanes.run``; the same results on any number); ``done(start, stop)``
+        runs on the thread that finished a block, right after it, e.g. to copy it out while it is in that
+        core's cache (a caller whose lanes are not ``parallel`` publishes from the yielded ends instead,
+        with no ``done``).
         """
         if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
             raise ValueError(
@@ -201,7 +202,7 @@ class Optimizer:
         self.last_lr = lr = self.learning_rate() * lr_factor
         if self.clip.on:
             grad_scale, self.last_grad_norm = self.clip.apply(grad, grad_scale, self.variables, self._block, lanes)
-        wd = _f32(self.hyper.get("weight_decay", 0.0))
+        wd, decay_lr = _f32(self.hyper.get("weight_decay", 0.0)), _f32(lr)
         step_size = self._step_size(_f32(lr * grad_scale if self.folds_scale else lr))
         scale = _f32(grad_scale) if grad_scale != 1.0 and not self.folds_scale else None
         while len(self._scratch) < lanes.threads:
@@ -211,7 +212,7 @@ class Optimizer:
         def work(lane: int, block: slice) -> None:
             tmp = self._scratch[lane][:block.stop - block.start]
             if wd:
-                _decay(params[block], tmp, wd, _f32(lr))
+                _decay(params[block], tmp, wd, decay_lr)
             if scale is not None:
                 np.multiply(grad[block], scale, out=grad[block])
             self._update(params[block], grad[block], tmp, step_size, block)
