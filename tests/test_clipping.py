@@ -31,7 +31,9 @@ from switchps.optim.clipping import Clip, variable_squares  # noqa: E402
 from switchps.optim.lanes import Lanes  # noqa: E402
 from switchps.optim.schedules import make_schedule  # noqa: E402
 from switchps.protos.layout import make_layout  # noqa: E402
+from switchps.ps_server.outer import OuterOptimizers  # noqa: E402
 from switchps.ps_server.store import ModelStore  # noqa: E402
+from switchps.worker.local_steps import Inner  # noqa: E402
 
 from test_launch import rows, run  # noqa: E402
 
@@ -218,6 +220,13 @@ def test_the_store_gives_its_optimizer_the_registered_variables():
     assert store.optimizer.variables == tuple(SIZES) and store.optimizer.clip == Clip(norm=1.0)
     with pytest.raises(ValueError, match="summing"):
         store.optimizer.set_variables(SIZES[:-1])
+
+
+def test_the_outer_and_inner_optimizers_of_local_steps_clip_over_the_variables():
+    spec = OptimizerSpec(name="nesterov", clip_norm=1.0)
+    assert OuterOptimizers(SIZE, SIZES).get(spec).variables == tuple(SIZES)
+    assert Inner(SIZE, SIZES).begin(spec, reset=False).variables == tuple(SIZES)
+    assert OuterOptimizers(SIZE).get(spec).variables == (SIZE,), "no layout given: one variable"
 
 
 @pytest.mark.parametrize("clip", [{"norm": 0.0}, {"global_norm": -1.0}, {"norm": 1.0, "global_norm": 1.0}])
