@@ -34,7 +34,8 @@ def updater(clip: Clip, name: str, size: int, variables: int, lanes: Lanes) -> C
     values = rng.standard_normal(size).astype(np.float32)
     pristine = rng.standard_normal(size).astype(np.float32)  # a mean norm of ~100 over 32 samples: both limits bind
     grad = np.empty_like(pristine)
-    opt = make_optimizer(name, size, 1e-6, clip)
+    opt = make_optimizer(name, size, 1e-6)
+    opt.clip = clip
     opt.set_variables([size // variables] * (variables - 1) + [size - size // variables * (variables - 1)])
 
     def update() -> float:

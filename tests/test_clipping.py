@@ -62,7 +62,8 @@ def _grads(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ours(name: str, clip: Clip, **hyper: float) -> O.Optimizer:
-    opt = O.make_optimizer(name, SIZE, make_schedule("constant", LR), clip, **hyper)
+    opt = O.make_optimizer(name, SIZE, make_schedule("constant", LR), **hyper)
+    opt.clip = clip
     opt.set_variables(SIZES)
     return opt
 

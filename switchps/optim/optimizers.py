@@ -81,8 +81,8 @@ class Optimizer:
     Public attributes: ``name``, ``size``, ``schedule``, ``hyper`` (all
     hyper-parameters, defaults filled in), ``iterations`` (applied updates, as
     Keras's ``iterations``), ``lr_scale`` (multiplier on the schedule, 1.0),
-    ``state`` (slot name -> float32 array of ``size``), ``clip`` (config, not state:
-    no checkpoint holds it), ``variables`` (see ``set_variables``) and ``last_grad_norm``
+    ``state`` (slot name -> float32 array of ``size``), ``clip`` (``optimizer_factory``
+    sets it from the config; no checkpoint holds it), ``variables`` (see ``set_variables``) and ``last_grad_norm``
     (the last update's mean gradient's L2 norm before clipping; None without
     clipping, which computes no norm). Not thread-safe: callers serialise ``apply``
     and the state methods.
@@ -101,7 +101,7 @@ class Optimizer:
     folds_scale: ClassVar[bool] = False
     """``_update`` uses ``g`` only as ``lr * g``: ``grad_scale`` folds into the step size (a pass less)."""
 
-    def __init__(self, size: int, schedule: LRSchedule, clip: Clip = Clip(), **hyper: float) -> None:
+    def __init__(self, size: int, schedule: LRSchedule, **hyper: float) -> None:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         for key in hyper:
@@ -117,7 +117,7 @@ class Optimizer:
         self.iterations = 0
         self.lr_scale = 1.0
         self.last_lr = 0.0
-        self.clip = clip
+        self.clip = Clip()
         self.variables: tuple[int, ...] = (size,)
         self.last_grad_norm: float | None = None
         self.state = {key: np.full(size, init, np.float32) for key, init in self._slots().items()}
@@ -429,11 +429,11 @@ def configured_momentum(name: str, hyper: dict[str, float]) -> float:
     return hyper.get("momentum", OPTIMIZERS[name].defaults.get("momentum", 0.0))
 
 
-def make_optimizer(name: str, size: int, schedule: LRSchedule, clip: Clip = Clip(), **hyper: float) -> Optimizer:
+def make_optimizer(name: str, size: int, schedule: LRSchedule, **hyper: float) -> Optimizer:
     """Instantiate ``OPTIMIZERS[name]``; unknown names or hyper-parameters raise ``ValueError``."""
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
-    return OPTIMIZERS[name](size, schedule, clip, **hyper)
+    return OPTIMIZERS[name](size, schedule, **hyper)
 
 
 def optimizer_factory(o: OptimizerSpec) -> Callable[[int], Optimizer]:
@@ -441,7 +441,12 @@ def optimizer_factory(o: OptimizerSpec) -> Callable[[int], Optimizer]:
     schedule = make_schedule(o.schedule.kind, o.learning_rate,
                              **o.schedule.model_dump(exclude={"kind"}, exclude_none=True))
     clip = Clip(o.clip_norm, o.global_clip_norm)
-    return lambda size: make_optimizer(o.name, size, schedule, clip, **o.params)
+
+    def make(size: int) -> Optimizer:
+        optimizer = make_optimizer(o.name, size, schedule, **o.params)
+        optimizer.clip = clip
+        return optimizer
+    return make
 
 
 def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,
