@@ -40,7 +40,8 @@ unchanged (a changed name is the one line reported)."""
 
 ALLOWED: tuple[str, ...] = (
     "name", "cluster.ps", "cluster.bind", "cluster.startup_timeout_s", "cluster.reconnect_s",
-    "cluster.max_restarts", "cluster.ray", "optimizer.learning_rate", "optimizer.schedule", "protocol", "train", "eval",
+    "cluster.max_restarts", "cluster.ray", "optimizer.learning_rate", "optimizer.schedule",
+    "optimizer.clip_norm", "optimizer.global_clip_norm", "protocol", "train", "eval",
     "output", "runtime", "device", "network", "stragglers", "policy", "checkpoint", "security",
 )
 """Fields a resume may change: how the run is driven, not what it trains. The protocol and policy state

@@ -66,7 +66,7 @@ class Simulator:
         self._ids = 0
         self.random = StepRandom(cfg.seed)
         self._timer: tuple[float, Event] | None = None  # when the core's timer is armed, and its event
-        self.outer = OuterOptimizers(parts.learner.trainable)  # movements' optimizers (``Apply.outer``)
+        self.outer = OuterOptimizers(parts.learner.trainable, parts.optimizer.variables)  # ``Apply.outer``'s
 
     def start(self) -> None:
         """Every worker registers at time 0, the model is initialized, and each worker pulls it."""
