@@ -73,6 +73,16 @@ def _ray_backend(cfg: RunConfig, address: str | None) -> "RayBackend":
     return backend
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    from switchps.launch.scaling import ask
+
+    if (args.count is None) == (args.workers is None):
+        raise ConfigError("scale: give the count (+K, -K or N) or --workers N, one of them")
+    running, asked = ask(Path(args.run_dir), args.count if args.workers is None else str(args.workers))
+    print(f"{args.run_dir}: asked its launcher for {asked} workers (it runs {running})")
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set, role="simulate", checks=PREFLIGHT)
     run_dir = Path(args.run_dir or cfg.new_run_dir())
@@ -228,6 +238,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--address", help="with --backend ray: auto (the cluster this host joined) or HOST:PORT; "
                                      "default: start a local Ray")
     r.set_defaults(func=cmd_run)
+    sc = sub.add_parser("scale", help="change a running elastic run's worker count (cluster.workers: {min, max})")
+    sc.add_argument("run_dir")
+    sc.add_argument("count", nargs="?", metavar="+K|-K|N", help="workers to add (+K), stop (-K), or run (N)")
+    sc.add_argument("--workers", type=int, metavar="N", help="run N workers (the same as COUNT N)")
+    sc.set_defaults(func=cmd_scale)
     sim = with_config("simulate", "simulate a run on a virtual clock: the same core, protocols, policies and "
                                   "stragglers, with real gradients (needs device.samples_per_s)")
     sim.add_argument("--time-only", action="store_true", help="no model, no TensorFlow: time, throughput and "

@@ -20,5 +20,13 @@ def invalid(reason: str, message: str) -> Rejected:
     return Rejected("INVALID_ARGUMENT", reason, message)
 
 
+UNKNOWN_WORKER = "unknown worker id"
+"""What a refusal of a worker the PS does not count says first: one that left an elastic run may register again."""
+
+
+def unknown_worker(worker: int) -> Rejected:
+    return invalid("unknown_worker", f"{UNKNOWN_WORKER} {worker}")
+
+
 def precondition(reason: str, message: str) -> Rejected:
     return Rejected("FAILED_PRECONDITION", reason, message)

@@ -18,6 +18,7 @@ from switchps.config.optimizer import OptimizerSpec
 from switchps.config.run import parse_config
 from switchps.optim.optimizers import SGD, apply_update, optimizer_factory
 from switchps.protos import switchps_pb2 as pb
+from switchps.protos.layout import make_layout
 from switchps.protos.wire_dtype import narrowed
 from switchps.straggler_trace import StepDelays
 from switchps.worker.client import Reply
@@ -41,6 +42,9 @@ def spec(name: str = "sgd", lr: float = 0.1, **params: float) -> OptimizerSpec:
 @dataclass
 class Weights:
     trainable_size: int = N
+
+    def layout(self) -> pb.Layout:
+        return make_layout([("theta", (N,))], [("seen", (STATE,))])
 
 
 @dataclass

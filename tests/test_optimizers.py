@@ -63,6 +63,15 @@ CASES = [
     ("adamw", {}, lambda lr: keras.optimizers.AdamW(lr)),
     ("adamw", {"weight_decay": 0.1, "beta_2": 0.99},
      lambda lr: keras.optimizers.AdamW(lr, weight_decay=0.1, beta_2=0.99)),
+    # weight decay on every optimizer: Keras's base ``Optimizer(weight_decay=...)``, decoupled
+    ("sgd", {"weight_decay": 0.2}, lambda lr: keras.optimizers.SGD(lr, weight_decay=0.2)),
+    ("momentum", {"weight_decay": 0.2}, lambda lr: keras.optimizers.SGD(lr, momentum=0.9, weight_decay=0.2)),
+    ("nesterov", {"weight_decay": 0.2},
+     lambda lr: keras.optimizers.SGD(lr, momentum=0.9, nesterov=True, weight_decay=0.2)),
+    ("rmsprop", {"weight_decay": 0.2, "momentum": 0.5},
+     lambda lr: keras.optimizers.RMSprop(lr, momentum=0.5, weight_decay=0.2)),
+    ("adam", {"weight_decay": 0.2}, lambda lr: keras.optimizers.Adam(lr, weight_decay=0.2)),
+    ("adagrad", {"weight_decay": 0.2}, lambda lr: keras.optimizers.Adagrad(lr, weight_decay=0.2)),
 ]
 
 

@@ -48,12 +48,26 @@ class OptimizerSpec(Section):
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     params: dict[str, float] = Field(default_factory=dict)
     """Extra hyper-parameters: momentum, rho, beta_1, beta_2, epsilon, initial_accumulator_value,
-    as the optimizer named accepts them."""
+    as the optimizer named accepts them, and weight_decay, which every one takes (Keras 3's decoupled decay,
+    ``p -= p * weight_decay * lr`` before each step; default 0, adamw's 0.004)."""
+    clip_norm: float | None = Field(None, gt=0)
+    """Scale each variable's mean gradient of an update to an L2 norm of at most this before the optimizer's
+    rule (Keras's ``clipnorm``). None: off. One PS process only (a shard may hold part of a variable)."""
+    global_clip_norm: float | None = Field(None, gt=0)
+    """Scale the whole mean gradient of an update to an L2 norm of at most this (Keras's ``global_clipnorm``,
+    torch's ``clip_grad_norm_``). None: off; not with ``clip_norm`` (as Keras), nor over several PS shards
+    (none sees the whole gradient)."""
 
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
         return one_of(v, names.OPTIMIZERS, "optimizer")
+
+    @model_validator(mode="after")
+    def _one_clip(self) -> "OptimizerSpec":
+        if self.clip_norm is not None and self.global_clip_norm is not None:
+            raise Problems([("global_clip_norm", "clip by clip_norm or by global_clip_norm, not both (as Keras)")])
+        return self
 
     @field_validator("params")
     @classmethod

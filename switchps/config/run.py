@@ -153,6 +153,13 @@ class RuntimeSpec(Section):
         return int(self.shard_max_mb * 2**20)
 
 
+CLIP_ACROSS_SHARDS = {
+    "global_clip_norm": "no shard sees the whole gradient's norm",
+    "clip_norm": "a variable above runtime.shard_max_mb is cut into row blocks on several shards",
+}
+"""The clips a sharded PS refuses, and why (``protos.partition``)."""
+
+
 class RunConfig(Section):
     name: str = "run"
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -188,6 +195,12 @@ class RunConfig(Section):
             problems.append(("protocol.backup_workers", f"must be below {fewest} ({n})"))
         if self.runtime.pipeline_sync and not self.runtime.pipeline_depth:
             problems.append(("runtime.pipeline_sync", "overlaps steps only with runtime.pipeline_depth: 1"))
+        if len(self.cluster.shards) > 1:
+            ps_optimizers = {"optimizer": self.optimizer,
+                             "protocol.outer_optimizer": getattr(self.protocol, "outer_optimizer", None)}
+            problems += [(f"{at}.{key}", f"clips on one PS process, not {len(self.cluster.shards)} shards ({why})")
+                         for at, spec in ps_optimizers.items() if spec is not None
+                         for key, why in CLIP_ACROSS_SHARDS.items() if getattr(spec, key) is not None]
         if self.model.framework == "tensorflow" and self.runtime.device.startswith("cuda"):
             problems.append(("runtime.device", f"{self.runtime.device} is for model.framework torch; TensorFlow "
                                                "roles run on the CPU (auto or cpu)"))

@@ -45,6 +45,7 @@ from switchps import resources
 from switchps.address import ADDRESS_FILE, Stamp, published_since, stamp
 from switchps.security.auth import new_secret, write_private
 from switchps.launch.backends import Backend, Handle, LocalBackend, RoleSpec, tail
+from switchps.launch.scaling import Scaler
 from switchps.security.channels import ClientSecurity, client_security
 from switchps.config.run import RunConfig
 from switchps.errors import EXIT_SHARD_LOST
@@ -183,6 +184,7 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
     # --resume: a PS resumes from the latest checkpoint if there is one; a new run directory starts afresh
     ps = RoleSpec("ps", ["ps", str(run_dir / "config.yaml"), "--resume", str(run_dir)], run_dir)
     handles: list[Handle] = []
+    scaler: Scaler | None = None
     with sigint_as_flag() as ctrl_c:
         try:
             def start_ps(started: list[Handle]) -> list[str]:
@@ -200,10 +202,15 @@ def launch(cfg: RunConfig, quiet: bool = False, resume: Path | None = None,
                 handles.append(backend.start(role))
             restarts = Restarts(cfg.cluster.max_restarts, roles, backend, shards=len(addresses),
                                 restart_ps=start_ps)
-            _follow(cfg, addresses[0], handles, quiet, ctrl_c, restarts)
-            stop_all(handles[1:], STOP_TIMEOUT_S)
+            if cfg.cluster.elastic:
+                common = _client_args(run_dir, ",".join(addresses))
+                scaler = Scaler(run_dir, cfg.cluster.max_workers, backend, roles,
+                                lambda i: _worker_role(i, common, run_dir))
+                scaler.publish(handles)
+            _follow(cfg, addresses[0], handles, quiet, ctrl_c, restarts, scaler)
+            stop_all(handles[1:] + (scaler.retired if scaler else []), STOP_TIMEOUT_S)
         except BaseException:
-            stop_all(handles, KILL_AFTER_S)
+            stop_all(handles + (scaler.retired if scaler else []), KILL_AFTER_S)
             ctrl_c.check()  # a child that died of the same (group-wide) Ctrl-C is not a failure
             raise
     return run_dir, resources.complete(run_dir)
@@ -249,10 +256,17 @@ def _start_followers(backend: Backend, shards: list[RoleSpec], run_dir: Path, ha
 def _client_roles(cfg: RunConfig, run_dir: Path, address: str) -> list[RoleSpec]:
     """The evaluator and the workers, told where the PS serves. A PS restarted on another port is not
     found by them: they keep the address they were given (``switchps.worker.client.Reconnect``)."""
-    common = [str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--ps", address]
+    common = _client_args(run_dir, address)
     return [RoleSpec("evaluator", ["evaluator", *common], run_dir),
-            *(RoleSpec(f"worker-{i}", ["worker", *common, "--index", str(i)], run_dir)
-              for i in range(cfg.cluster.num_workers))]
+            *(_worker_role(i, common, run_dir) for i in range(cfg.cluster.num_workers))]
+
+
+def _client_args(run_dir: Path, address: str) -> list[str]:
+    return [str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--ps", address]
+
+
+def _worker_role(index: int, common: list[str], run_dir: Path) -> RoleSpec:
+    return RoleSpec(f"worker-{index}", ["worker", *common, "--index", str(index)], run_dir)
 
 
 def _new_run_dir(cfg: RunConfig) -> Path:
@@ -289,19 +303,19 @@ def _wait_for_ps(run_dir: Path, before: Stamp | None, ps: Handle, ctrl_c: CtrlC,
 
 
 def _follow(cfg: RunConfig, address: str, handles: list[Handle], quiet: bool, ctrl_c: CtrlC,
-            restarts: Restarts) -> None:
-    """Show progress until the PS finishes, restarting roles that die; raise if one fails for good
-    or Ctrl-C is pressed first."""
+            restarts: Restarts, scaler: Scaler | None) -> None:
+    """Show progress until the PS finishes, restarting roles that die and (an elastic run) changing the
+    workers as `switchps scale` asks; raise if a role fails for good or Ctrl-C is pressed first."""
     client = PSClient(address, timeout_s=2.0, security=client_security(cfg, "status"))
     try:
-        _progress(cfg, handles, quiet, ctrl_c, client, restarts)
+        _progress(cfg, handles, quiet, ctrl_c, client, restarts, scaler)
     finally:
         client.close()
     check(handles)
 
 
 def _progress(cfg: RunConfig, handles: list[Handle], quiet: bool, ctrl_c: CtrlC, client: PSClient,
-              restarts: Restarts) -> None:
+              restarts: Restarts, scaler: Scaler | None) -> None:
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TextColumn("v{task.fields[version]} {task.fields[protocol]} acc {task.fields[acc]}"),
                TimeElapsedColumn()]
@@ -311,6 +325,8 @@ def _progress(cfg: RunConfig, handles: list[Handle], quiet: bool, ctrl_c: CtrlC,
         while True:
             ctrl_c.check()
             restarts.revive(handles)
+            if scaler is not None:
+                scaler.poll(handles)
             check(handles)
             if handles[0].returncode == 0:
                 break

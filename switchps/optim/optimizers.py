@@ -15,18 +15,24 @@ several threads (``lanes.Lanes``, ``runtime.ps_threads``) the same blocks are
 updated on several threads, each with its own scratch buffer: every update is
 elementwise and its per-step scalars (the rate, Adam's bias-corrected step) are
 computed once before the blocks, so the results are bit-identical to one thread's.
+
+Every optimizer takes ``weight_decay`` (Keras 3's, decoupled: ``p -= p*wd*lr`` before the step, as
+``keras.optimizers.Optimizer`` does when ``weight_decay`` is set; AdamW is Adam with a default of 0.004), in
+the same block loop, with no pass at all when it is 0; and clips the mean gradient first when its ``clip``
+says so (``clipping.Clip``: Keras's ``clipnorm`` / ``global_clipnorm``).
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from scipy.linalg import cython_blas
 from scipy.linalg.blas import saxpy
 
+from switchps.optim.clipping import Clip
 from switchps.optim.lanes import SERIAL, Lanes
 from switchps.optim.schedules import LRSchedule, make_schedule
 
@@ -74,9 +80,12 @@ class Optimizer:
 
     Public attributes: ``name``, ``size``, ``schedule``, ``hyper`` (all
     hyper-parameters, defaults filled in), ``iterations`` (applied updates, as
-    Keras's ``iterations``), ``lr_scale`` (multiplier on the schedule, 1.0) and
-    ``state`` (slot name -> float32 array of ``size``). Not thread-safe: callers
-    serialise ``apply`` and the state methods.
+    Keras's ``iterations``), ``lr_scale`` (multiplier on the schedule, 1.0),
+    ``state`` (slot name -> float32 array of ``size``), ``clip`` (``optimizer_factory``
+    sets it from the config; no checkpoint holds it), ``variables`` (see ``set_variables``) and ``last_grad_norm``
+    (the last update's mean gradient's L2 norm before clipping; None without
+    clipping, which computes no norm). Not thread-safe: callers serialise ``apply``
+    and the state methods.
 
     Subclasses declare ``defaults`` (accepted hyper-parameters), ``first_moments``
     (state rescaled by :meth:`scale_state`) and implement ``_slots`` (state
@@ -108,6 +117,9 @@ class Optimizer:
         self.iterations = 0
         self.lr_scale = 1.0
         self.last_lr = 0.0
+        self.clip = Clip()
+        self.variables: tuple[int, ...] = (size,)
+        self.last_grad_norm: float | None = None
         self.state = {key: np.full(size, init, np.float32) for key, init in self._slots().items()}
         self._block = BLOCK
         self._scratch = [np.empty(min(size, BLOCK), np.float32)]  # one per lane
@@ -123,6 +135,13 @@ class Optimizer:
         for key in ("epsilon", "initial_accumulator_value", "weight_decay"):
             if key in self.hyper and not self.hyper[key] >= 0.0:
                 raise ValueError(f"{self.name}: {key} must be >= 0, got {self.hyper[key]}")
+
+    def set_variables(self, sizes: Sequence[int]) -> None:
+        """The sizes of the variables the vector holds, in order: per-variable clipping's boundaries (the PS's
+        store sets them from the layout a model registers). Unset, the vector is one variable."""
+        if sum(sizes) != self.size or min(sizes, default=0) < 0:
+            raise ValueError(f"{self.name}: variables of sizes summing to {self.size} expected, got {sum(sizes)}")
+        self.variables = tuple(sizes)
 
     def _slots(self) -> dict[str, float]:
         """State arrays to allocate, with their initial (reset) values."""
@@ -164,10 +183,12 @@ class Optimizer:
         ``1 / (1 + staleness)``), is kept as ``last_lr``; ``iterations`` is incremented
         afterwards. ``grad_scale`` multiplies the gradient block by block first (or folds
         into the step size, ``folds_scale``), so a summed gradient becomes a mean without a
-        separate pass over memory. ``lanes``: the threads the blocks run on (``Lanes.run``; the same
-        results on any number); ``done(start, stop)`` runs on the thread that finished a block, right
-        after it, e.g. to copy it out while it is in that core's cache (a caller whose lanes are not
-        ``parallel`` publishes from the yielded ends instead, with no ``done``).
+        separate pass over memory. ``clip`` first clips the mean gradient ``grad * grad_scale``
+        (``Clip.apply``); a ``weight_decay`` decays each block of ``params`` before its step. ``lanes``: the
+        threads the blocks run on (``Lanes.run``; the same results on any number); ``done(start, stop)``
+        runs on the thread that finished a block, right after it, e.g. to copy it out while it is in that
+        core's cache (a caller whose lanes are not ``parallel`` publishes from the yielded ends instead,
+        with no ``done``).
         """
         if params.dtype != np.float32 or params.shape != (self.size,) or not params.flags.c_contiguous:
             raise ValueError(
@@ -179,6 +200,9 @@ class Optimizer:
         if grad.dtype != np.float32 or not grad.flags.c_contiguous or not grad.flags.writeable:
             grad = np.array(grad, dtype=np.float32)
         self.last_lr = lr = self.learning_rate() * lr_factor
+        if self.clip.on:
+            grad_scale, self.last_grad_norm = self.clip.apply(grad, grad_scale, self.variables, self._block, lanes)
+        wd, decay_lr = _f32(self.hyper.get("weight_decay", 0.0)), _f32(lr)
         step_size = self._step_size(_f32(lr * grad_scale if self.folds_scale else lr))
         scale = _f32(grad_scale) if grad_scale != 1.0 and not self.folds_scale else None
         while len(self._scratch) < lanes.threads:
@@ -186,10 +210,12 @@ class Optimizer:
         self._axpy = _axpy_holding_gil if lanes.threads == 1 else _axpy_threaded
 
         def work(lane: int, block: slice) -> None:
+            tmp = self._scratch[lane][:block.stop - block.start]
+            if wd:
+                _decay(params[block], tmp, wd, decay_lr)
             if scale is not None:
                 np.multiply(grad[block], scale, out=grad[block])
-            self._update(params[block], grad[block], self._scratch[lane][:block.stop - block.start], step_size,
-                         block)
+            self._update(params[block], grad[block], tmp, step_size, block)
             if done is not None:
                 done(block.start, block.stop)
         if lanes.parallel:
@@ -222,12 +248,14 @@ class Optimizer:
         return d
 
     def load_state_dict(self, d: dict[str, np.ndarray | int | float]) -> None:
-        """Restore a :meth:`state_dict`, hyper-parameters included (a switch may have changed momentum)."""
+        """Restore a :meth:`state_dict`, hyper-parameters included (a switch may have changed momentum). A
+        checkpoint from before every optimizer took ``weight_decay`` has none but AdamW's: the configured
+        one stays."""
         expected = {*self.state, *(f"hyper.{key}" for key in self.hyper), "iterations", "lr_scale"}
-        if set(d) != expected:
+        if set(d) != expected and set(d) != expected - {"hyper.weight_decay"}:
             raise ValueError(f"{self.name}: state keys {sorted(d)} != expected {sorted(expected)}")
         for key in self.hyper:
-            self.hyper[key] = float(d[f"hyper.{key}"])
+            self.hyper[key] = float(d.get(f"hyper.{key}", self.hyper[key]))
         self._validate()
         for key, arr in self.state.items():
             src = np.asarray(d[key])
@@ -238,12 +266,19 @@ class Optimizer:
         self.lr_scale = float(d["lr_scale"])
 
 
+def _decay(p: np.ndarray, tmp: np.ndarray, wd: np.float32, lr: np.float32) -> None:
+    """Keras's decoupled weight decay of a block, ``p -= p*wd*lr``, in its order (float32, two roundings)."""
+    np.multiply(p, wd, out=tmp)
+    np.multiply(tmp, lr, out=tmp)
+    np.subtract(p, tmp, out=p)
+
+
 class SGD(Optimizer):
     """``keras.optimizers.SGD``: ``m = momentum*m - lr*g``; ``p += m`` (or, with
     Nesterov, ``p += momentum*m - lr*g``); plain ``p -= lr*g`` when momentum is 0."""
 
     name = "sgd"
-    defaults = {"momentum": 0.0}
+    defaults = {"momentum": 0.0, "weight_decay": 0.0}
     first_moments = ("momentum",)
     folds_scale = True
     nesterov: ClassVar[bool] = False
@@ -273,14 +308,14 @@ class Momentum(SGD):
     """SGD with (heavy-ball) momentum, default 0.9."""
 
     name = "momentum"
-    defaults = {"momentum": 0.9}
+    defaults = {"momentum": 0.9, "weight_decay": 0.0}
 
 
 class Nesterov(SGD):
     """SGD with Nesterov momentum, default 0.9."""
 
     name = "nesterov"
-    defaults = {"momentum": 0.9}
+    defaults = {"momentum": 0.9, "weight_decay": 0.0}
     nesterov = True
 
 
@@ -290,7 +325,7 @@ class RMSprop(Optimizer):
     ``mom = momentum*mom + inc; p -= mom``."""
 
     name = "rmsprop"
-    defaults = {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7}
+    defaults = {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7, "weight_decay": 0.0}
     first_moments = ("momentum",)
 
     def _slots(self) -> dict[str, float]:
@@ -322,7 +357,7 @@ class Adam(Optimizer):
     ``alpha = lr*sqrt(1-b2^t)/(1-b1^t)``, ``t = iterations + 1``."""
 
     name = "adam"
-    defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+    defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.0}
     first_moments = ("momentum",)
 
     def _slots(self) -> dict[str, float]:
@@ -355,22 +390,11 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """``keras.optimizers.AdamW``: first the decoupled weight decay, ``p -= p*wd*lr``, then Adam's step.
-    Keras's default decay, 0.004 (torch's is 0.01)."""
+    """``keras.optimizers.AdamW``: Adam with the decoupled weight decay on by default, Keras's 0.004
+    (torch's is 0.01)."""
 
     name = "adamw"
     defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.004}
-
-    def _step_size(self, lr: np.float32) -> np.float32:
-        self._decay = lr  # read by every block's ``_update`` after this, never written there
-        return super()._step_size(lr)
-
-    def _update(self, p: np.ndarray, g: np.ndarray, tmp: np.ndarray, alpha: np.float32,
-                block: slice) -> None:
-        np.multiply(p, _f32(self.hyper["weight_decay"]), out=tmp)
-        np.multiply(tmp, self._decay, out=tmp)
-        np.subtract(p, tmp, out=p)
-        super()._update(p, g, tmp, alpha, block)
 
 
 class Adagrad(Optimizer):
@@ -378,7 +402,7 @@ class Adagrad(Optimizer):
     ``acc`` starts (and resets) at ``initial_accumulator_value``."""
 
     name = "adagrad"
-    defaults = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
+    defaults = {"initial_accumulator_value": 0.1, "epsilon": 1e-7, "weight_decay": 0.0}
 
     def _slots(self) -> dict[str, float]:
         return {"accumulator": self.hyper["initial_accumulator_value"]}
@@ -416,7 +440,13 @@ def optimizer_factory(o: OptimizerSpec) -> Callable[[int], Optimizer]:
     """Builds the configured optimizer, with its schedule, for a model of the size given."""
     schedule = make_schedule(o.schedule.kind, o.learning_rate,
                              **o.schedule.model_dump(exclude={"kind"}, exclude_none=True))
-    return lambda size: make_optimizer(o.name, size, schedule, **o.params)
+    clip = Clip(o.clip_norm, o.global_clip_norm)
+
+    def make(size: int) -> Optimizer:
+        optimizer = make_optimizer(o.name, size, schedule, **o.params)
+        optimizer.clip = clip
+        return optimizer
+    return make
 
 
 def adjust_optimizer(opt: Optimizer, lr_scale: float, state: str, state_scale: float,

@@ -41,8 +41,13 @@ def layout_wire(layout: pb.Layout) -> str:
     return layout.wire_dtype or "float32"
 
 
+def variable_sizes(layout: pb.Layout) -> list[int]:
+    """Elements of each trainable variable, in vector order."""
+    return [math.prod(v.shape) for v in layout.variables]
+
+
 def trainable_size(layout: pb.Layout) -> int:
-    return sum(math.prod(v.shape) for v in layout.variables)
+    return sum(variable_sizes(layout))
 
 
 def layout_size(layout: pb.Layout) -> int:

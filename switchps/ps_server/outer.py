@@ -14,6 +14,7 @@ the update's ``lr_factor`` (staleness damping, the switch ramp).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from switchps.config.optimizer import OptimizerSpec
 from switchps.optim.optimizers import Optimizer, optimizer_factory
@@ -25,11 +26,13 @@ def key_of(spec: OptimizerSpec) -> str:
 
 
 class OuterOptimizers:
-    """The outer optimizers made so far, for a model of ``size`` trainable values; not thread-safe (the
-    store's writer, or the simulator, is their one user)."""
+    """The outer optimizers made so far, for a model of ``size`` trainable values (``variables``: their
+    variables' sizes, per-variable clipping's boundaries; None: one variable); not thread-safe (the store's
+    writer, or the simulator, is their one user)."""
 
-    def __init__(self, size: int = 0) -> None:
+    def __init__(self, size: int = 0, variables: Sequence[int] | None = None) -> None:
         self.size = size
+        self.variables = variables
         self.made: dict[str, Optimizer] = {}
 
     def get(self, spec: OptimizerSpec) -> Optimizer:
@@ -37,6 +40,8 @@ class OuterOptimizers:
         key = key_of(spec)
         if key not in self.made:
             self.made[key] = optimizer_factory(spec)(self.size)
+            if self.variables is not None:
+                self.made[key].set_variables(self.variables)
         return self.made[key]
 
     def state_dict(self, copy: bool = True) -> dict[str, dict]:

@@ -25,20 +25,23 @@ if TYPE_CHECKING:
 
 REFUSED: dict[str, str] = {
     "seed": "it seeds the data split, the initial weights and each worker's sampling",
-    "cluster.workers": "worker i trains on every N-th sample, and the checkpoint holds N workers' state",
+    "cluster.workers": "worker i trains on every N-th sample (data.sampling: partition)",
     "model": "the checkpoint holds this model's parameters",
     "data": "the run's position and split are in this data set",
     "optimizer.name": "the checkpoint holds this optimizer's state",
     "optimizer.params": "the checkpoint restores its own hyper-parameters, and the state they shape",
 }
 """Fields (and sections, by prefix) a resume must keep as they were, each with the reason.
-``cluster.workers`` is compared as a count: a list of hosts may replace a number, and hosts may move.
+``cluster.workers`` is compared as a count (a list of hosts may replace a number, and hosts may move), and only
+under ``partition`` sampling: drawing with replacement, a resume may change the count or the elastic bounds (the
+checkpoint's members at indices the new bound excludes have left; an elastic run's N is its members).
 ``optimizer.params`` are compared with the optimizer's defaults filled in, and only when the name is
 unchanged (a changed name is the one line reported)."""
 
 ALLOWED: tuple[str, ...] = (
     "name", "cluster.ps", "cluster.bind", "cluster.startup_timeout_s", "cluster.reconnect_s",
-    "cluster.max_restarts", "cluster.ray", "optimizer.learning_rate", "optimizer.schedule", "protocol", "train", "eval",
+    "cluster.max_restarts", "cluster.ray", "optimizer.learning_rate", "optimizer.schedule",
+    "optimizer.clip_norm", "optimizer.global_clip_norm", "protocol", "train", "eval",
     "output", "runtime", "device", "network", "stragglers", "policy", "checkpoint", "security",
 )
 """Fields a resume may change: how the run is driven, not what it trains. The protocol and policy state
@@ -76,6 +79,8 @@ def _comparable(cfg: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     workers = out["cluster"].get("workers")
     if isinstance(workers, list):
         out["cluster"]["workers"] = len(workers)
+    if cfg.get("data", {}).get("sampling") == other.get("data", {}).get("sampling") == "replacement":
+        out["cluster"].pop("workers", None)  # every worker draws from the whole set, whoever is in
     opt, other_opt = out["optimizer"], other.get("optimizer", {})
     if opt.get("name") != other_opt.get("name"):
         opt.pop("params", None)

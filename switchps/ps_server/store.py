@@ -53,7 +53,7 @@ import numpy as np
 from switchps.config.optimizer import OptimizerSpec
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import DEFAULT_CHUNK_BYTES, WHOLE_BYTES
-from switchps.protos.layout import trainable_size
+from switchps.protos.layout import trainable_size, variable_sizes
 from switchps.protos.wire_dtype import wire_nbytes
 from switchps.refusals import invalid, precondition
 from switchps.optim.lanes import SERIAL, Lanes
@@ -126,7 +126,8 @@ class ModelStore:
             self.values = values
             self.trainable = trainable_size(layout)
             self.optimizer = self._make_optimizer(self.trainable)
-            self.outer = OuterOptimizers(self.trainable)
+            self.optimizer.set_variables(variable_sizes(layout))  # per-variable clipping's boundaries
+            self.outer = OuterOptimizers(self.trainable, variable_sizes(layout))
             self.buffers = BufferPool(values.size, self.buffers.limit)
             self._latest = Snapshot.of(self.version, values, self.chunk_bytes, self.wire)
             self.initialized = True

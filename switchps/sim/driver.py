@@ -75,12 +75,16 @@ class Simulator:
         self._ids = 0
         self.random = StepRandom(cfg.seed)
         self._timer: tuple[float, Event] | None = None  # when the core's timer is armed, and its event
+<<<<<<< HEAD
         self.outer = OuterOptimizers(parts.learner.trainable)  # movements' optimizers (``Apply.outer``)
         self.churn = Churn(cfg, loop, self)
 
     @property
     def done(self) -> bool:
         return self.core.done
+=======
+        self.outer = OuterOptimizers(parts.learner.trainable, parts.optimizer.variables)  # ``Apply.outer``'s
+>>>>>>> main
 
     def start(self) -> None:
         """The starting workers (``cluster.num_workers``) register at time 0, the model is initialized, and

@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from switchps.config.run import RunConfig
+from switchps.protos.layout import variable_sizes
 from switchps.sim.learner import Score
 from switchps.sim.workers import Work
 from switchps.worker.local_steps import Inner, moved
@@ -71,6 +72,7 @@ class Real:
         self.gc = gc  # over the whole training set
         self.values = self.gc.weights.read().copy()
         self.trainable = self.gc.weights.trainable_size
+        self.variables = variable_sizes(self.gc.weights.layout())  # the inner optimizers' clipping boundaries
         self.evaluator = evaluator
         self.rows_per_call = max(1, CALL_BYTES // (4 * math.prod(data.input_shape)))
         self.latest = 0
@@ -99,7 +101,7 @@ class Real:
     def _local(self, work: Work) -> None:
         """Run ``work``'s local steps from its base version: its losses, and its payload as its ``grad``."""
         assert work.local is not None
-        inner = self.inner.setdefault(work.worker, Inner(self.trainable))
+        inner = self.inner.setdefault(work.worker, Inner(self.trainable, self.variables))
         inner.begin(work.local.inner, work.local.reset)
         start, theta = self.params[work.version], self._theta
         np.copyto(theta, start)

@@ -48,7 +48,7 @@ def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: b
     check(cfg, time_only)
     if any((run_dir / name).exists() for name in RECORD_FILES):  # a simulation cannot resume one
         raise RunDirError(f"{run_dir} already holds a run; choose another --run-dir")
-    learner, n = _learner(cfg, time_only)
+    learner, n, variables = _learner(cfg, time_only)
     if cfg.data.sampling == "partition" and cfg.cluster.num_workers > n:
         raise ConfigError(f"data.sampling: {cfg.cluster.num_workers} workers cannot each have a partition of "
                           f"{n} training samples; use replacement")
@@ -56,8 +56,9 @@ def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: b
     loop = Loop()
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, flush_every_s=None, clock=lambda: loop.now)
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
-    parts = Drive(build_core(cfg), learner, optimizer_factory(cfg.optimizer)(learner.trainable), rec,
-                  np.arange(n), link)
+    optimizer = optimizer_factory(cfg.optimizer)(learner.trainable)
+    optimizer.set_variables(variables)  # per-variable clipping's boundaries
+    parts = Drive(build_core(cfg), learner, optimizer, rec, np.arange(n), link)
     sim = Simulator(cfg, parts, loop)
     started, interrupted = time.monotonic(), False
     # While the loop runs, what exists before it (the workers, their generators, the model, TensorFlow's
@@ -92,14 +93,14 @@ def check(cfg: RunConfig, time_only: bool) -> None:
                           "transfers; simulate with gradients, or without the link")
 
 
-def _learner(cfg: RunConfig, time_only: bool) -> tuple[Learner, int]:
-    """The model's side of the simulation, and the number of training samples."""
+def _learner(cfg: RunConfig, time_only: bool) -> tuple[Learner, int, list[int]]:
+    """The model's side of the simulation, the number of training samples and the trainable variables' sizes."""
     if time_only:
-        return TimeOnly(), len(configured_dataset(cfg).x_train)
+        return TimeOnly(), len(configured_dataset(cfg).x_train), []
     from switchps.sim.gradients import real_learner
 
     learner = real_learner(cfg)
-    return learner, learner.gc.samples
+    return learner, learner.gc.samples, learner.variables
 
 
 def _drive(cfg: RunConfig, sim: Simulator, quiet: bool) -> None:

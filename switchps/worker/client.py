@@ -3,7 +3,8 @@
 ``Reconnect`` retries a call while the PS is unreachable (UNAVAILABLE: killed, restarting, the network
 down), with exponential backoff, for ``cluster.reconnect_s``; after an outage it runs the caller's
 ``rejoin`` (a worker registers again) before the retry. If the PS does not come back it raises
-``PSUnreachable``, which the roles report in one line.
+``PSUnreachable``, which the roles report in one line. A worker the PS no longer counts (it left an elastic
+run after ``cluster.leave_after_s`` of silence, e.g. a long pause) registers again and retries, once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from switchps.security.auth import METADATA_KEY
 from switchps.security.channels import ClientSecurity
 from switchps.errors import PSUnreachable
+from switchps.refusals import UNKNOWN_WORKER
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
     COPIES, DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, whole_frame,
@@ -48,15 +50,21 @@ class Reconnect:
     def __call__(self, call: Callable[[], T]) -> T:
         down_since: float | None = None
         delay = 0.05
+        left = False
         while True:
             try:
-                if down_since is not None and self.rejoin is not None:
+                if (down_since is not None or left) and self.rejoin is not None:
                     self.rejoin()
                 result = call()
                 if down_since is not None:
                     log.info("the PS at %s is back after %.1fs", self.address, time.monotonic() - down_since)
                 return result
             except grpc.RpcError as e:
+                if not left and self.rejoin is not None and _left(e):
+                    log.warning("the PS at %s no longer counts this worker (%s): registering again",
+                                self.address, e.details())
+                    left = True
+                    continue
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
                 if down_since is None:
@@ -69,6 +77,11 @@ class Reconnect:
                                         f"{self.reconnect_s:.0f}s (cluster.reconnect_s)") from None
                 time.sleep(delay)
                 delay = min(2 * delay, 1.0)
+
+
+def _left(e: grpc.RpcError) -> bool:
+    """Whether ``e`` refuses a worker the PS does not count (``refusals.unknown_worker``)."""
+    return e.code() == grpc.StatusCode.INVALID_ARGUMENT and (e.details() or "").startswith(UNKNOWN_WORKER)
 
 
 @dataclass

@@ -19,7 +19,7 @@ across rounds), ``moved`` (the payload), ``take_steps`` (the round's timing, on 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ import numpy as np
 from switchps.config.optimizer import OptimizerSpec
 from switchps.optim.optimizers import Optimizer, optimizer_factory
 from switchps.protos.codec import COPIES
+from switchps.protos.layout import variable_sizes
 from switchps.protos.wire_dtype import narrow
 from switchps.straggler_trace import StepDelays
 from switchps.worker.steps import Budget, Order, Step, StepRunner
@@ -66,8 +67,9 @@ class Inner:
     order names another spec (a live switch of inner hyper-parameters). Its schedule counts the worker's local
     steps: a rebuilt optimizer goes on from the count its predecessor reached."""
 
-    def __init__(self, trainable: int) -> None:
+    def __init__(self, trainable: int, variables: Sequence[int] | None = None) -> None:
         self.trainable = trainable
+        self.variables = variables  # per-variable clipping's boundaries (None: one variable)
         self.spec: OptimizerSpec | None = None
         self.optimizer: Optimizer | None = None
 
@@ -76,6 +78,8 @@ class Inner:
         if self.optimizer is None or spec != self.spec:
             taken = self.optimizer.iterations if self.optimizer is not None else 0
             self.spec, self.optimizer = spec, optimizer_factory(spec)(self.trainable)
+            if self.variables is not None:
+                self.optimizer.set_variables(self.variables)
             self.optimizer.iterations = taken
         elif reset:
             self.optimizer.reset_state()
@@ -186,7 +190,7 @@ class LocalRunner:
 
     def __init__(self, runner: StepRunner, gc: Computer) -> None:
         self.runner, self.gc = runner, gc
-        self.inner = Inner(gc.weights.trainable_size)
+        self.inner = Inner(gc.weights.trainable_size, variable_sizes(gc.weights.layout()))
         self._json = ""
         self._spec: OptimizerSpec | None = None
         self.theta: np.ndarray | None = None

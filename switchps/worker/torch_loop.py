@@ -53,6 +53,7 @@ from torch import nn
 from switchps.config.optimizer import OptimizerSpec
 from switchps.config.run import ConfigError, load_config
 from switchps.protos.codec import COPIES
+from switchps.protos.layout import variable_sizes
 from switchps.worker.local_steps import Inner, Taken, local_stats, moved
 from switchps.worker.session import Batches, Session
 from switchps.worker.steps import Budget
@@ -85,7 +86,7 @@ class Worker:
         self._budget = Budget(0, 1, 0.0)
         self._batches: Batches | None = None
         self._loss: torch.Tensor | float = 0.0
-        self._inner = Inner(flat.trainable_size)
+        self._inner = Inner(flat.trainable_size, variable_sizes(flat.layout()))
         """The inner optimizer of local steps, across rounds."""
         self._round: OpenRound | None = None
         self._theta: np.ndarray | None = None  # a round's θ, moved by its local steps

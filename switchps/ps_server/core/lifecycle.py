@@ -19,7 +19,7 @@ from switchps.policies.base import Decision
 from switchps.ps_server.core.actions import Record
 from switchps.ps_server.core.aggregation import AggregationRule
 from switchps.ps_server.core.events import Membership, Push, absolute, relative
-from switchps.refusals import invalid, precondition
+from switchps.refusals import invalid, precondition, unknown_worker
 
 MAX_PARTITION_SIZE = 2**40
 """The most samples a worker may say its data partition holds."""
@@ -56,7 +56,7 @@ class Lifecycle:
     def check_push(self, worker: int) -> None:
         """Raise ``Rejected`` unless ``worker`` registered and training has started."""
         if worker not in self.members.registered:
-            raise invalid("unknown_worker", f"unknown worker id {worker}")
+            raise unknown_worker(worker)
         if self.started_at is None:
             raise precondition("not_started", "training has not started")
 
@@ -143,6 +143,7 @@ class Lifecycle:
             return None
         self.started_at = now
         self._resize()
+        m.last_seen = dict.fromkeys(m.registered, now)  # the wait for the others was no silence
         workers = {"workers": sorted(m.registered)}
         return ([] if complete else [Record("started_incomplete", workers)]) + [Record("training_started", workers)]
 

@@ -99,6 +99,8 @@ class Core:
     def issue(self, worker: int, now: float, step: bool = False) -> WorkOrder:
         """``work_order``, given to ``worker`` at ``now``: it bounds the worker's next push (``orders``).
         ``step``: a new step's order (a push's reply), not the same step's again (a registration, a pull)."""
+        if worker in self.members.last_seen:  # a pull: the worker is there
+            self.members.last_seen[worker] = now
         return self.orders.issue(worker, self.work_order(worker), now, step)
 
     def view(self, now: float) -> ClusterView:

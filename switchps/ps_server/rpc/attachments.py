@@ -16,7 +16,7 @@ from switchps.protos.wire_dtype import narrow
 from switchps.protos.segment import NONCE_BYTES, NOT_ATTACHED, Segment, sealed_nonce
 from switchps.ps_server.rpc.local_pushes import LocalPushes, Pushes
 from switchps.ps_server.snapshot import Snapshot
-from switchps.refusals import invalid, precondition
+from switchps.refusals import invalid, precondition, unknown_worker
 
 
 class Attachments:
@@ -41,7 +41,7 @@ class Attachments:
         """Expect ``req.worker``'s segment through the socket; ``nbytes``: the model's payload (a PS shard's
         part), which its areas must hold."""
         if not registered:
-            raise invalid("unknown_worker", f"unknown worker id {req.worker}")
+            raise unknown_worker(req.worker)
         if req.name:
             raise invalid("segment", "a segment has no name: its descriptor comes through the PS's socket")
         if req.nbytes != nbytes:

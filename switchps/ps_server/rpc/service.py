@@ -58,7 +58,7 @@ from switchps.ps_server.records import RunRecorder
 from switchps.ps_server.metrics import RunSeries, Tally
 from switchps.ps_server.rejections import RejectionCounter, refuse
 from switchps.ps_server.validate import check_eval, check_grad_norm, check_layout
-from switchps.refusals import Rejected, invalid, precondition
+from switchps.refusals import Rejected, invalid, precondition, unknown_worker
 
 SERVICE = "switchps.ParameterServer"
 PUSH_STREAMS = Gauge("switchps_push_streams", "Push streams open on the PS: being read or awaiting their reply")
@@ -276,7 +276,7 @@ class ParameterServer:
             req, _ = decode(request, pb.PullRequest)
             as_worker(self.guard, ctx, req.worker, "Pull")
             if req.worker != -1 and req.worker not in self.core.members.registered:
-                raise invalid("unknown_worker", f"unknown worker id {req.worker}")
+                raise unknown_worker(req.worker)
         except Rejected as r:
             await self._reject(ctx, "pull", r)
         if req.wait_initialized:

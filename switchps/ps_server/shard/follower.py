@@ -62,7 +62,7 @@ from switchps.ps_server.rpc.service import SERVICE
 from switchps.ps_server.shard.action_wire import CARRIED, from_wire
 from switchps.ps_server.shard.checkpoint import PartSaver, capture, restore_part
 from switchps.ps_server.shard.followers import INIT_STEP, Key, key_of, part_key
-from switchps.refusals import Rejected, invalid, precondition
+from switchps.refusals import Rejected, invalid, precondition, unknown_worker
 
 log = logging.getLogger("switchps.ps")
 DROPS_KEPT = 4096
@@ -427,7 +427,7 @@ class Follower:
         of the run's (-1: the evaluator, which only pulls), as shard 0 refuses an unknown worker's calls."""
         as_worker(self.guard, ctx, worker, rpc)
         if not (0 <= worker < self.workers or (worker == -1 and rpc == "PullPart")):
-            raise invalid("unknown_worker", f"unknown worker id {worker}")
+            raise unknown_worker(worker)
 
     def summary(self) -> dict[str, object]:
         """This shard's record (``shard-K.json``): what this process applied, discarded and refused (after

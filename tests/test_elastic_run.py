@@ -1,0 +1,60 @@
+"""`switchps run` of an elastic run, changed by `switchps scale`, with real processes: it starts with 4
+workers, grows to 6 and shrinks to 3; ps.csv shows N per update and every push is counted once."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.integration
+SWITCHPS = str(Path(sys.executable).parent / "switchps")
+EXAMPLE = Path(str(files("switchps.examples"))) / "elastic.yaml"
+
+
+def _members(run_dir: Path) -> list[int]:
+    with (run_dir / "ps.csv").open() as f:
+        return [int(r["members"]) for r in csv.DictReader(f)]
+
+
+def _scale(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([SWITCHPS, "scale", str(run_dir), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_switchps_scale_grows_a_bsp_run_from_4_to_6_and_shrinks_it_to_3(tmp_path, processes):
+    launcher = processes([SWITCHPS, "run", str(EXAMPLE), "--quiet", "--set", f"output.dir={tmp_path}",
+                          "--set", "model.framework=torch", "--set", "cluster.leave_after_s=3",
+                          "--set", "train.seconds=75"], stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: any(tmp_path.glob("elastic-*/ps.csv")), 120, "the run directory")
+    run_dir = next(tmp_path.glob("elastic-*"))
+    wait_until(lambda: 4 in _members(run_dir), 120, "an update of the 4 starting workers")
+    grow = _scale(run_dir, "+2")
+    assert grow.returncode == 0 and "for 6 workers (it runs 4)" in grow.stdout, grow.stderr
+    wait_until(lambda: 6 in _members(run_dir), 120, "an update of 6 members")
+    beyond = _scale(run_dir, "9")
+    assert beyond.returncode == 2 and beyond.stderr.strip().endswith("outside cluster.workers' [min, max] = [3, 6]")
+    shrink = _scale(run_dir, "--workers", "3")
+    assert shrink.returncode == 0, shrink.stderr
+    wait_until(lambda: _members(run_dir)[-1:] == [3], 120, "updates of 3 members")
+    assert launcher.wait(timeout=180) == 0, launcher.stderr.read()[-3000:] if launcher.stderr else ""
+    members = _members(run_dir)
+    first6, last6 = members.index(6), len(members) - 1 - members[::-1].index(6)
+    assert set(members[:first6]) <= {4, 5} and set(members[last6 + 1:]) <= {3, 4, 5} and members[-1] == 3
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    joined = [e["worker"] for e in events if e["event"] == "worker_joined"]
+    assert sorted(joined) == [0, 1, 2, 3, 4, 5]
+    assert sorted(e["worker"] for e in events if e["event"] == "worker_left") == [3, 4, 5]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with (run_dir / "ps.csv").open() as f:
+        applied = sum(len(r["workers"].split(";")) for r in csv.DictReader(f))
+    with (run_dir / "workers.csv").open() as f:
+        received = sum(1 for _ in csv.DictReader(f))
+    assert summary["pushes_accepted"] == applied, "every accepted push is in exactly one update"
+    assert received == summary["pushes_accepted"] + summary["pushes_dropped"], "every push received is counted"
