@@ -34,6 +34,7 @@ from switchps.ps_server.link import DuplexLink
 from switchps.optim.optimizers import Optimizer, adjust_optimizer, apply_update
 from switchps.ps_server.outer import OuterOptimizers
 from switchps.ps_server.records import RunRecorder
+from switchps.refusals import Rejected
 from switchps.sim.churn import Churn
 from switchps.sim.learner import Learner, Score
 from switchps.sim.loop import Event, Loop
@@ -75,16 +76,12 @@ class Simulator:
         self._ids = 0
         self.random = StepRandom(cfg.seed)
         self._timer: tuple[float, Event] | None = None  # when the core's timer is armed, and its event
-<<<<<<< HEAD
-        self.outer = OuterOptimizers(parts.learner.trainable)  # movements' optimizers (``Apply.outer``)
+        self.outer = OuterOptimizers(parts.learner.trainable, parts.optimizer.variables)  # ``Apply.outer``'s
         self.churn = Churn(cfg, loop, self)
 
     @property
     def done(self) -> bool:
         return self.core.done
-=======
-        self.outer = OuterOptimizers(parts.learner.trainable, parts.optimizer.variables)  # ``Apply.outer``'s
->>>>>>> main
 
     def start(self) -> None:
         """The starting workers (``cluster.num_workers``) register at time 0, the model is initialized, and
@@ -154,7 +151,13 @@ class Simulator:
         work.loss_sum = self.learner.loss(work)
         report = work.report()
         session = life + 1  # a worker's every life is a new process: it never resends, and may skip a step
-        self.core.check_push(work.worker, work.samples, work.version, report, now, session)
+        try:
+            self.core.check_push(work.worker, work.samples, work.version, report, now, session)
+        except Rejected as e:  # the PS no longer counts it (silent too long): it registers again, as a real one
+            if e.reason != "unknown_worker":
+                raise
+            self._execute(self.core.register(w.index, w.registered, now))
+            self.core.check_push(work.worker, work.samples, work.version, report, now, session)
         self._ids += 1
         p = Push(self._ids, work.worker, work.version, work.samples, report.loss_sum, now, step=work.step,
                  session=session)
