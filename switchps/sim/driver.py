@@ -262,7 +262,7 @@ class Simulator:
         if self.core.done:
             return
         if self._score() is not None:
-            self.loop.at(self.loop.now + self.cfg.eval.every_s, self._evaluate)
+            self.loop.at(self.loop.now + self.cfg.eval.every_s, self._evaluate, background=True)
 
     def _score(self) -> Score | None:
         score = self.learner.evaluate(self.core.version)

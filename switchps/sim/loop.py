@@ -2,7 +2,9 @@
 
 Events at the same time run in the order they were scheduled (a sequence number breaks every tie), so a
 run is a pure function of its config: the same events, in the same order, at the same times. A cancelled
-event stays in the heap but neither runs nor moves the clock.
+event stays in the heap but neither runs nor moves the clock. A ``background`` event (a periodic
+evaluation) keeps nothing going by itself: the loop ends when only such events remain, so a run in which
+nothing can happen any more (every worker gone, or waiting) ends instead of evaluating forever.
 """
 
 from __future__ import annotations
@@ -31,27 +33,31 @@ class Loop:
     def __init__(self) -> None:
         self.now = 0.0
         self.events = 0  # callbacks run so far
-        self._heap: list[tuple[float, int, Event]] = []
+        self._heap: list[tuple[float, int, Event, bool]] = []
         self._seq = itertools.count()
+        self._foreground = 0  # events in the heap that are not background (cancelled ones included)
 
-    def at(self, t: float, fn: Callable[..., None], *args: Any) -> Event:
-        """Run ``fn(*args)`` at virtual time ``t`` (never before now)."""
+    def at(self, t: float, fn: Callable[..., None], *args: Any, background: bool = False) -> Event:
+        """Run ``fn(*args)`` at virtual time ``t`` (never before now); ``background``: if nothing else
+        remains, it does not run."""
         event = Event(fn, args)
-        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), event))
+        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), event, background))
+        self._foreground += not background
         return event
 
     def run(self, limit: int) -> bool:
-        """Run up to ``limit`` callbacks; whether any remain."""
+        """Run up to ``limit`` callbacks; whether any remain that keep the loop going."""
         heap, ran = self._heap, 0
-        while heap and ran < limit:
-            t, _, event = heapq.heappop(heap)
+        while self._foreground and ran < limit:
+            t, _, event, background = heapq.heappop(heap)
+            self._foreground -= not background
             fn = event.fn
             if fn is None:  # cancelled
                 continue
             self.now, ran = t, ran + 1
             self.events += 1
             fn(*event.args)
-        return bool(heap)
+        return self._foreground > 0
 
 
 class WorkerClock:

@@ -6,7 +6,9 @@ since training started. ``summary.json`` says ``device: simulated``, ``framework
 ``time_only``: no model), ``ps_shards`` 1 (the simulated PS is one) and ``hosts`` None (no role runs on a
 host), and adds ``simulated``, ``time_only``, ``virtual_time_s`` (training's virtual duration, which
 ``wall_time_s`` also is, as every tool reads it as the run's duration), ``sim_wall_s`` (the real seconds
-the simulation took), ``sim_events`` and ``interrupted``. Ctrl-C stops
+the simulation took), ``sim_events``, ``interrupted`` and ``stalled`` (the run ended unfinished because nothing
+could happen any more: under churn, every worker departed for good, or those left wait below
+``cluster.workers.min``; ``events.jsonl`` says ``simulation_stalled``). Ctrl-C stops
 the simulation between two events (or inside one): the record so far is written, with
 ``"interrupted": true``, and ``KeyboardInterrupt`` is raised again.
 """
@@ -121,6 +123,8 @@ def _drive(cfg: RunConfig, sim: Simulator, quiet: bool) -> None:
                 drawn = time.monotonic()
         bar.update(task, completed=1.0, virtual=f"{loop.now:.1f}s", version=core.version, protocol=core.spec.name)
         bar.refresh()
+    if not core.done:  # nothing can happen any more: every worker departed for good, or waits for one
+        sim.rec.event("simulation_stalled", version=core.version, members=core.members.num_workers)
 
 
 def _summary(cfg: RunConfig, sim: Simulator, wall_s: float, time_only: bool, interrupted: bool) -> dict[str, Any]:
@@ -131,4 +135,5 @@ def _summary(cfg: RunConfig, sim: Simulator, wall_s: float, time_only: bool, int
             "ps_shards": 1, "hosts": None,  # one PS on a virtual clock, whatever cluster.ps lists; no role runs
             "simulated": True, "time_only": time_only,
             "virtual_time_s": round(elapsed(core, now), 6),
-            "sim_wall_s": round(wall_s, 3), "sim_events": sim.loop.events, "interrupted": interrupted}
+            "sim_wall_s": round(wall_s, 3), "sim_events": sim.loop.events, "interrupted": interrupted,
+            "stalled": not (core.done or interrupted)}

@@ -1,0 +1,196 @@
+"""Elastic membership in the simulator (``churn``): workers depart and arrive on virtual time, as a trace says
+or as Poisson preemptions draw; the core notices a departure by its own rule (``cluster.leave_after_s`` of
+silence), N in force follows, every push is counted once, a run is a pure function of its config and seed,
+and a bad churn is one line naming its field. No sockets, no sleeps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from switchps.config.run import RunConfig, parse_config
+from switchps.problems import ConfigError
+from switchps.sim.run import simulate
+from test_sim import SWITCHPS, rows
+
+LEAVE_AFTER_S = 1.0
+
+
+def elastic(churn: dict[str, Any], **sections: Any) -> dict[str, Any]:
+    """An elastic run of 4 to start with (2 to 6), ASP, batches of 10 at 100 samples/s (0.1 s a step), 6 s of
+    virtual time; ``sections`` replace the base's."""
+    raw: dict[str, Any] = {
+        "name": "elastic", "cluster": {"workers": {"min": 2, "max": 6, "start": 4}, "leave_after_s": LEAVE_AFTER_S},
+        "model": {"name": "logreg"}, "data": {"name": "digits", "sampling": "replacement"},
+        "train": {"seconds": 6.0}, "device": {"samples_per_s": 100.0}, "protocol": {"name": "asp", "batch": 10},
+        "optimizer": {"name": "sgd", "learning_rate": 0.1}, "eval": {"every_s": 0.5}, "churn": churn}
+    raw.update(sections)
+    return raw
+
+
+def trace(path: Path, *changes: tuple[float, int, str]) -> str:
+    path.write_text("time_s,worker,event\n" + "".join(f"{t},{w},{e}\n" for t, w, e in changes))
+    return str(path)
+
+
+def events(run: Path, name: str) -> list[dict[str, Any]]:
+    lines = (json.loads(line) for line in (run / "events.jsonl").read_text().splitlines())
+    return [e for e in lines if e["event"] == name]
+
+
+def counted_once(run: Path, s: dict[str, Any]) -> None:
+    """Every push the PS received is one row of workers.csv, one worker step, accepted or dropped; every accepted
+    one is in exactly one update."""
+    pushes = rows(run, "workers.csv")
+    assert len({(p["worker"], p["step"]) for p in pushes}) == len(pushes), "no step pushes twice"
+    assert s["pushes_rejected"] == 0 and s["pushes_accepted"] + s["pushes_dropped"] == len(pushes)
+    applied = [w for u in rows(run) for w in u["workers"].split(";")]
+    assert len(applied) == s["pushes_accepted"]
+    assert sum(int(u["samples"]) for u in rows(run)) == s["samples"]
+
+
+def test_members_per_update_follow_a_trace_and_every_push_counts_once(tmp_path: Path) -> None:
+    joins = {4: 1.05, 5: 2.05}  # between steps' ends (every 0.1 s): no tie with an update
+    churn = {"trace": trace(tmp_path / "churn.csv", (1.05, 4, "join"), (2.05, 5, "join"), (3.05, 0, "leave"),
+                            (3.05, 1, "leave"), (3.05, 2, "leave"))}
+    run = tmp_path / "r"
+    s = simulate(parse_config(elastic(churn), role="simulate"), run, time_only=True)
+    left = {e["worker"]: e["time_s"] for e in events(run, "worker_left")}
+    assert sorted(left) == [0, 1, 2]
+    assert all(3.05 < t <= 3.05 + LEAVE_AFTER_S for t in left.values()), "noticed after leave_after_s of silence"
+    updates = rows(run)
+    for u in updates:
+        t = float(u["time_s"])
+        expected = 4 + sum(t >= at for at in joins.values()) - sum(t >= at for at in left.values())
+        assert int(u["members"]) == expected, u
+    assert {int(u["members"]) for u in updates} == {3, 4, 5, 6}
+    pushes = rows(run, "workers.csv")
+    assert not [p for p in pushes if p["worker"] in "012" and float(p["time_s"]) > 3.05], "a departed worker stops"
+    for w, at in joins.items():
+        assert min(float(p["time_s"]) for p in pushes if p["worker"] == str(w)) > at, "a newcomer starts at its join"
+    assert [(e["worker"], e["change"]) for e in events(run, "churn")] == [(4, "join"), (5, "join"), (0, "leave"),
+                                                                          (1, "leave"), (2, "leave")]
+    assert s["updates"] == len(updates) and not s["stalled"]
+    counted_once(run, s)
+
+
+def test_a_departed_step_is_lost_and_what_crossed_to_it_is_dropped_with_gradients(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over a slow link (parameters take 0.04 s or more to cross), workers depart mid-step and while replies
+    cross to them, and come back: the steps lost, the parameters nobody started from, and every version a
+    step referred to are let go (the learner holds none at the end), and the run trains to its end."""
+    from switchps.sim.gradients import Real
+
+    learners: list[Real] = []
+    calls = {"lost": 0, "unused": 0}
+    init, lost, unused = Real.__init__, Real.lost, Real.unused
+
+    def made(self: Real, *args: Any) -> None:
+        init(self, *args)
+        learners.append(self)
+
+    def losing(self: Real, work: Any) -> None:
+        calls["lost"] += 1
+        lost(self, work)
+
+    def unusing(self: Real, version: int) -> None:
+        calls["unused"] += 1
+        unused(self, version)
+
+    for name, spy in (("__init__", made), ("lost", losing), ("unused", unusing)):
+        monkeypatch.setattr(Real, name, spy)
+    changes = [(0.15 + 0.23 * i, i % 3, "leave") for i in range(6)]
+    changes = [c for i, c in enumerate(changes) for c in (c, (c[0] + 0.03 + 0.01 * i, c[1], "join"))]
+    churn = {"trace": trace(tmp_path / "churn.csv", *changes)}
+    cfg = parse_config(elastic(churn, cluster={"workers": {"min": 2, "max": 3, "start": 3},
+                                               "leave_after_s": LEAVE_AFTER_S},
+                               train={"steps": 40}, network={"ps_link_mbit_s": 0.5}), role="simulate")
+    run = tmp_path / "r"
+    s = simulate(cfg, run)
+    assert calls["lost"] > 0 and calls["unused"] > 0, calls
+    (learner,) = learners
+    assert not learner.refs and list(learner.params) == [40] and not learner.unscored
+    assert s["updates"] == 40 and s["final_test_accuracy"] is not None
+    pushes = rows(run, "workers.csv")
+    steps = {w: [int(p["step"]) for p in pushes if p["worker"] == w] for w in "012"}
+    assert any(b > a + 1 for ss in steps.values() for a, b in zip(ss, ss[1:])), "a lost step is a gap"
+    counted_once(run, s)
+
+
+def poisson(seed: int, workers: int = 1000, train: dict[str, Any] | None = None, **churn: Any) -> RunConfig:
+    """BSP at ``workers`` (as many at most, half at least) for 3 s of virtual time, preempted at 36 an hour each
+    (about 30 preemptions in all), back after 1 s."""
+    spec = {"preempt_per_hour": 36.0, "rejoin_after_s": 1.0, **churn}
+    raw = elastic(spec, seed=seed, protocol={"name": "bsp", "batch": 10}, train=train or {"seconds": 3.0},
+                  cluster={"workers": {"min": workers // 2, "max": workers}, "leave_after_s": 0.5},
+                  eval={"every_s": 100.0})
+    raw["cluster"]["workers"]["start"] = workers
+    return parse_config(raw, role="simulate")
+
+
+def test_poisson_churn_at_1000_workers_is_deterministic_and_costs_rounds(tmp_path: Path) -> None:
+    runs = {name: simulate(poisson(seed=3), tmp_path / name, time_only=True) for name in ("a", "b")}
+    for table in ("ps.csv", "workers.csv", "events.jsonl"):
+        assert (tmp_path / "a" / table).read_bytes() == (tmp_path / "b" / table).read_bytes(), table
+    run, s = tmp_path / "a", runs["a"]
+    departed = [e for e in events(run, "churn") if e["change"] == "leave"]
+    # 1,000 workers x 3 s x 36 / 3600 s = 30 expected; the Poisson count's 5-sigma interval
+    assert 3 <= len(departed) <= 58, len(departed)
+    back = [e for e in events(run, "churn") if e["change"] == "join"]
+    assert back and all(e["worker"] in {d["worker"] for d in departed} for e in back), "an index comes back"
+    left = [e["time_s"] for e in events(run, "worker_left")]
+    joined = [e["time_s"] for e in events(run, "worker_joined") if e["time_s"] > 0]
+    assert left and joined
+    for u in rows(run):  # N in force: the departures the core noticed, and the returns (either order at a tie)
+        t, n = float(u["time_s"]), int(u["members"])
+        assert 1000 - sum(x <= t for x in left) + sum(x < t for x in joined) <= n, u
+        assert n <= 1000 - sum(x < t for x in left) + sum(x <= t for x in joined), u
+    assert s["updates"] < 30, "each departure stalls BSP rounds until the core notices it (a round is 0.1 s)"
+    counted_once(run, s)
+    other = simulate(poisson(seed=4), tmp_path / "c", time_only=True)
+    assert (tmp_path / "c" / "events.jsonl").read_bytes() != (run / "events.jsonl").read_bytes(), "seeded"
+    assert other["updates"] > 0
+
+
+def test_a_run_whose_workers_all_depart_for_good_ends_stalled(tmp_path: Path) -> None:
+    cfg = poisson(seed=0, workers=4, train={"steps": 10**6}, preempt_per_hour=3600.0, rejoin_after_s=None)
+    s = simulate(cfg, tmp_path / "r", time_only=True)
+    assert s["stalled"] and s["updates"] < 10**6
+    (stall,) = events(tmp_path / "r", "simulation_stalled")
+    assert stall["members"] < 2, "below min: nothing can train"
+
+
+@pytest.mark.parametrize("churn, rows_, field", [
+    ({"preempt_per_hour": -1.0}, None, "churn.preempt_per_hour"),
+    ({}, "time_s,worker,event\n1.0,6,join\n", "churn.trace: {trace}:2: worker 6 is outside [0, cluster.workers.max)"),
+    ({}, "time_s,worker,event\n1.0,4,arrive\n", "churn.trace: {trace}:2: event 'arrive' is neither join nor leave"),
+    ({}, "time_s,worker,event\n1.0,3,join\n", "churn.trace: {trace}:2: worker 3 joins at 1.0 s but is already running"),
+], ids=["negative-rate", "index-beyond-max", "unknown-event", "join-of-a-running-worker"])
+def test_bad_churn_exits_2_with_one_line_naming_the_field(tmp_path: Path, churn: dict[str, Any], rows_: str | None,
+                                                         field: str) -> None:
+    path = tmp_path / "churn.csv"
+    if rows_ is not None:
+        path.write_text(rows_)
+        churn = {"trace": str(path)}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(elastic(churn)))
+    proc = subprocess.run([SWITCHPS, "simulate", "cfg.yaml", "--time-only", "--quiet"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert field.format(trace=path) in line, line
+
+
+@pytest.mark.parametrize("role, cluster, expected", [
+    ("run", None, "churn: only `switchps simulate` injects churn"),
+    ("simulate", {"workers": 4}, "churn: joins and leaves need elastic workers"),
+])
+def test_churn_is_refused_outside_an_elastic_simulation(role: Any, cluster: dict[str, Any] | None,
+                                                       expected: str) -> None:
+    raw = elastic({"preempt_per_hour": 1.0}, **({"cluster": cluster} if cluster else {}))
+    with pytest.raises(ConfigError, match=expected.replace("`", ".")):
+        parse_config(raw, role=role)
