@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,24 @@ def test_churn_is_refused_outside_an_elastic_simulation(role: Any, cluster: dict
     raw = elastic({"preempt_per_hour": 1.0}, **({"cluster": cluster} if cluster else {}))
     with pytest.raises(ConfigError, match=expected.replace("`", ".")):
         parse_config(raw, role=role)
+
+
+EXAMPLE = Path(str(files("switchps.examples"))) / "churn.yaml"
+
+
+def test_the_packaged_churn_example_simulates_and_switchps_run_refuses_it(tmp_path: Path) -> None:
+    small = ["--set", "cluster.workers={min: 4, max: 8, start: 8}", "--set", "train.seconds=3",
+             "--set", "churn.preempt_per_hour=1800", "--set", "churn.rejoin_after_s=0.5",
+             "--set", "cluster.leave_after_s=0.3", "--set", f"output.dir={tmp_path}"]
+    proc = subprocess.run([SWITCHPS, "simulate", str(EXAMPLE), "--time-only", "--quiet", "--run-dir",
+                           str(tmp_path / "r"), *small], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["simulated"] and not s["stalled"] and s["virtual_time_s"] == pytest.approx(3.0)
+    assert {e["change"] for e in events(tmp_path / "r", "churn")} == {"join", "leave"}
+    counted_once(tmp_path / "r", s)
+    proc = subprocess.run([SWITCHPS, "run", str(EXAMPLE), "--quiet", *small], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "churn: only `switchps simulate` injects churn" in line, line

@@ -38,10 +38,10 @@ class ChurnSpec(Section):
     """Departures and arrivals a simulation injects into an elastic run (``cluster.workers: {min, max}``);
     seeded by the run's ``seed``. Give ``preempt_per_hour`` or ``trace``, not both."""
 
-    preempt_per_hour: float = Field(0.0, ge=0, le=3600.0)
+    preempt_per_hour: float = Field(0.0, ge=0, le=3600)
     """Each running worker is preempted at this rate (a Poisson process, per worker per hour of virtual time):
     it stops at once, losing the step it was computing (a push already sent still arrives). 0: none."""
-    rejoin_after_s: float | None = Field(None, gt=0)
+    rejoin_after_s: float | None = Field(None, gt=0, le=86400)
     """A preempted worker's index comes back (registers again and resumes) this long after it was preempted,
     as a replacement process would; None: it never does."""
     trace: str | None = None
