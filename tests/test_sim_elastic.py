@@ -123,6 +123,22 @@ def test_a_departed_step_is_lost_and_what_crossed_to_it_is_dropped_with_gradient
     counted_once(run, s)
 
 
+def test_a_worker_the_core_no_longer_counts_registers_again_and_its_push_counts(tmp_path: Path) -> None:
+    """Worker 2's steps take 2 s, longer than leave_after_s: the core lets it go at 1 s, refuses its push
+    (``unknown_worker``) at 2 s, and it registers again, as a real worker does; its push is then taken."""
+    cfg = parse_config(elastic({}, stragglers={"slowdown": {"factors": {2: 20.0}}},
+                               cluster={"workers": {"min": 1, "max": 3, "start": 3}, "leave_after_s": LEAVE_AFTER_S}),
+                       role="simulate")
+    run = tmp_path / "r"
+    s = simulate(cfg, run, time_only=True)
+    mine = [(e["event"], e["time_s"]) for e in events(run, "worker_left") + events(run, "worker_joined")
+            if e["worker"] == 2 and e["time_s"] > 0]
+    assert sorted(mine, key=lambda x: x[1])[:2] == [("worker_left", 1.0), ("worker_joined", 2.0)]
+    assert [p["time_s"] for p in rows(run, "workers.csv") if p["worker"] == "2"][:1] == ["2"]
+    assert not s["stalled"]
+    counted_once(run, s)
+
+
 def poisson(seed: int, workers: int = 1000, train: dict[str, Any] | None = None, **churn: Any) -> RunConfig:
     """BSP at ``workers`` (as many at most, half at least) for 3 s of virtual time, preempted at 36 an hour each
     (about 30 preemptions in all), back after 1 s."""
