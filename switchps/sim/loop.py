@@ -17,11 +17,12 @@ from typing import Any, Callable
 class Event:
     """A scheduled callback; ``cancel`` it and it never runs."""
 
-    __slots__ = ("fn", "args")
+    __slots__ = ("fn", "args", "background")
 
-    def __init__(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    def __init__(self, fn: Callable[..., None], args: tuple[Any, ...], background: bool = False) -> None:
         self.fn: Callable[..., None] | None = fn
         self.args = args
+        self.background = background
 
     def cancel(self) -> None:
         self.fn = None
@@ -33,31 +34,34 @@ class Loop:
     def __init__(self) -> None:
         self.now = 0.0
         self.events = 0  # callbacks run so far
-        self._heap: list[tuple[float, int, Event, bool]] = []
+        self._heap: list[tuple[float, int, Event]] = []
         self._seq = itertools.count()
-        self._foreground = 0  # events in the heap that are not background (cancelled ones included)
+        self._background = 0  # background events in the heap (counted apart: most events are not)
 
     def at(self, t: float, fn: Callable[..., None], *args: Any, background: bool = False) -> Event:
         """Run ``fn(*args)`` at virtual time ``t`` (never before now); ``background``: if nothing else
         remains, it does not run."""
-        event = Event(fn, args)
-        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), event, background))
-        self._foreground += not background
+        event = Event(fn, args, background)
+        heapq.heappush(self._heap, (max(t, self.now), next(self._seq), event))
+        if background:
+            self._background += 1
         return event
 
     def run(self, limit: int) -> bool:
-        """Run up to ``limit`` callbacks; whether any remain that keep the loop going."""
+        """Run up to ``limit`` callbacks; whether any remain that keep the loop going (cancelled ones count
+        until their time comes)."""
         heap, ran = self._heap, 0
-        while self._foreground and ran < limit:
-            t, _, event, background = heapq.heappop(heap)
-            self._foreground -= not background
+        while len(heap) > self._background and ran < limit:
+            t, _, event = heapq.heappop(heap)
+            if event.background:
+                self._background -= 1
             fn = event.fn
             if fn is None:  # cancelled
                 continue
             self.now, ran = t, ran + 1
             self.events += 1
             fn(*event.args)
-        return self._foreground > 0
+        return len(heap) > self._background
 
 
 class WorkerClock:
