@@ -10,6 +10,8 @@ The simulator supplies only time and gradients; every rule it runs is the real s
 - ``learner``: what a step's samples are worth: nothing (``TimeOnly``) or real losses and gradients at
   each push's base version, computed lazily, one batched call per group of pushes on one version
   (``Real``, the only module that loads TensorFlow; a push of local steps: its own inner trajectory);
+- ``churn``: when an elastic run's workers depart and arrive (the ``churn`` section: a trace, or Poisson
+  preemptions); the driver stops and starts them, and the core notices a departure by its own rule;
 - ``driver``: the third driver of the core (after the gRPC service and the test harness): it turns
   events into core calls and executes the actions, with the store's update rule and the run record;
 - ``run``: ``simulate(cfg, run_dir)``, a normal run directory written, with a progress bar.
