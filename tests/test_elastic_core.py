@@ -175,3 +175,16 @@ def test_an_epoch_of_an_elastic_run_is_the_data_set_once():
     for _ in range(4):
         _round(h, [0, 1, 2], 1.0)  # 3 samples a round
     assert h.core.progress(h.now) == pytest.approx(12 / 40)
+
+
+def test_a_resume_may_change_the_worker_count_only_when_workers_draw_with_replacement():
+    from switchps.ps_server.resume_rules import resume_problems
+
+    def cfg(workers, sampling):
+        return {"cluster": {"workers": workers}, "data": {"name": "digits", "sampling": sampling}}
+
+    elastic = {"min": 2, "max": 6, "start": 4}
+    assert resume_problems(cfg(4, "replacement"), cfg(elastic, "replacement")) == []
+    assert resume_problems(cfg(elastic, "replacement"), cfg({"min": 1, "max": 3}, "replacement")) == []
+    [line] = resume_problems(cfg(4, "partition"), cfg(6, "partition"))
+    assert line.startswith("cluster.workers: the checkpoint was made with 4, this config says 6")
