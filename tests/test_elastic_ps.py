@@ -40,6 +40,9 @@ def test_a_run_grows_and_shrinks_over_grpc(cluster_factory, protocol):
     while c.core.members.num_workers == 3:  # the newcomer goes silent and leaves after 1 s
         assert all(p.result().reply.applied for p in [w.push_async(one, 1) for w in c.workers])
         pushed += 2
+    if not rounds:  # an update after the leave (a round's completes with it)
+        assert all(p.result().reply.applied for p in [w.push_async(one, 1) for w in c.workers])
+        pushed += 2
     members = [int(r["members"]) for r in c.ps_rows()]
     assert members[0] == 2 and members[-1] == 2 and 3 in members, members
     after = members[members.index(3):]
@@ -47,3 +50,13 @@ def test_a_run_grows_and_shrinks_over_grpc(cluster_factory, protocol):
     assert sum(len(r["workers"].split(";")) for r in c.ps_rows()) == pushed, "every push applied once"
     assert [(e["worker"], e["members"]) for e in c.events("worker_left")] == [(2, 2)]
     newcomer.client.close()
+
+
+def test_a_worker_that_leaves_is_out_at_once_and_an_unknown_one_is_refused(cluster_factory):
+    c = cluster_factory(workers=3, size=4, cluster={"workers": {"min": 1, "max": 3}, "leave_after_s": 600})
+    status = c.workers[2].client.leave(2)
+    assert (status.members, c.core.members.num_workers) == (2, 2)
+    assert [(e["worker"], e["reason"]) for e in c.events("worker_left")] == [(2, "exited")]
+    with pytest.raises(grpc.RpcError) as err:
+        c.workers[2].client.leave(2)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and c.rec.rejections["leave:unknown_worker"] == 1
