@@ -20,9 +20,10 @@ from conftest import wait_until
 from test_sim import config
 from test_study import mini_study
 from switchps.cli import main
-from switchps.ps_server.mlflow_log import log_batches
+from switchps.config.run import MlflowOutput
+from switchps.ps_server.mlflow_log import LiveLog, flatten, log_batches, param_value, params
 from switchps.runs import mlflow_export
-from switchps.runs.mlflow_export import EXPORT_ID, flatten, param_value, params
+from switchps.runs.mlflow_export import EXPORT_ID
 from switchps.runs.plots import PLOT_FILES
 from switchps.sim.run import simulate
 from switchps.studies.runner import run_study
@@ -30,6 +31,7 @@ from switchps.studies.spec import load_study
 
 mlflow = pytest.importorskip("mlflow", reason='needs MLflow: pip install -e ".[mlflow]"')
 from mlflow import MlflowClient  # noqa: E402
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -59,6 +61,12 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
+def experiment_runs(client: MlflowClient, name: str) -> list[Any]:
+    experiment = client.get_experiment_by_name(name)
+    assert experiment is not None, f"no experiment {name!r}"
+    return list(client.search_runs([experiment.experiment_id]))
+
+
 def rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as f:
         return list(csv.DictReader(f))
@@ -76,7 +84,7 @@ def test_a_run_becomes_one_mlflow_run_with_its_config_series_summary_and_plots(
         run_dir: Path, store: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", "mlflow", str(run_dir), "--tracking-uri", store, "--experiment", "sims"]) == 0
     client = MlflowClient(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("sims").experiment_id])
+    (run,) = experiment_runs(client, "sims")
     assert run.info.run_id in capsys.readouterr().out and run.info.status == "FINISHED"
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -113,7 +121,7 @@ def test_a_second_export_of_a_directory_is_refused_in_one_line_and_logs_nothing(
     assert first.returncode == 0, first.stderr[-3000:]
     again = subprocess.run(export, capture_output=True, text=True, timeout=300)
     client = MlflowClient(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("switchps").experiment_id])
+    (run,) = experiment_runs(client, "switchps")
     assert again.returncode == 2 and [line for line in again.stderr.splitlines() if "INFO" not in line] == [
         f"switchps: {run_dir} is already in MLflow: run {run.info.run_id} of experiment 'switchps' at {store}; "
         "delete that run to export it again"]
@@ -130,7 +138,7 @@ def test_an_export_that_fails_part_way_leaves_no_run(run_dir: Path, store: str,
     with pytest.raises(OSError, match="disk full"):
         mlflow_export.export_mlflow(run_dir, store)
     client = MlflowClient(store)
-    assert client.search_runs([client.get_experiment_by_name("switchps").experiment_id]) == []
+    assert experiment_runs(client, "switchps") == []
     monkeypatch.undo()
     assert mlflow_export.export_mlflow(run_dir, store).run_id, "and a retry is no second export"
 
@@ -189,9 +197,10 @@ class Recorder:
 
 
 def test_batches_stay_within_mlflows_limits_and_are_as_few_as_they_allow() -> None:
-    client = Recorder()
-    n = log_batches(client, "r", metrics=[object()] * (2 * MAX_METRICS_PER_BATCH + 5),  # type: ignore[arg-type]
-                    params=[object()] * (MAX_PARAMS_TAGS_PER_BATCH + 1), tags=[object()] * 3)  # type: ignore[list-item]
+    client: Any = Recorder()
+    n = log_batches(client, "r", [Metric("m", 0.0, 0, step) for step in range(2 * MAX_METRICS_PER_BATCH + 5)],
+                    [Param(f"p{i}", "v") for i in range(MAX_PARAMS_TAGS_PER_BATCH + 1)],
+                    [RunTag(f"t{i}", "v") for i in range(3)])
     assert n == len(client.calls) == 3
     assert [sum(c[i] for c in client.calls) for i in range(3)] == [2 * MAX_METRICS_PER_BATCH + 5,
                                                                    MAX_PARAMS_TAGS_PER_BATCH + 1, 3]
@@ -244,3 +253,36 @@ def _post(url: str, body: dict[str, Any]) -> bytes:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as r:
         return bytes(r.read())
+
+
+def test_output_mlflow_logs_the_rows_as_the_run_goes(tmp_path: Path, store: str) -> None:
+    run = tmp_path / "live"
+    summary = simulate(config(train={"steps": 20}, output={"mlflow": {"tracking_uri": store, "experiment": "live"}}),
+                       run, quiet=True)
+    client = MlflowClient(store)
+    (logged,) = experiment_runs(client, "live")
+    ps, evals = rows(run / "ps.csv"), rows(run / "eval.csv")
+    assert history(client, logged.info.run_id, "ps/train_loss") == [
+        (int(r["version"]), float(r["train_loss"])) for r in ps]
+    assert history(client, logged.info.run_id, "eval/test_accuracy") == [
+        (int(r["version"]), float(r["test_accuracy"])) for r in evals]
+    assert logged.data.params["output.mlflow.experiment"] == "live" and logged.info.status == "FINISHED"
+    assert summary["mlflow"] == {"rows_logged": len(ps) + len(evals), "rows_lost": 0, "failures": 0}
+
+
+def test_a_failing_tracking_store_is_logged_once_and_counted_and_the_run_trains_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "a file").write_text("")
+    unusable = f"sqlite:///{tmp_path / 'a file' / 'mlflow.db'}"  # a directory that cannot be
+    summary = simulate(config(train={"steps": 20}, output={"mlflow": {"tracking_uri": unusable}}), tmp_path / "r",
+                       quiet=True)
+    assert summary["updates"] == 20, "training went on"
+    ps, evals = rows(tmp_path / "r" / "ps.csv"), rows(tmp_path / "r" / "eval.csv")
+    assert summary["mlflow"]["rows_logged"] == 0 and summary["mlflow"]["rows_lost"] == len(ps) + len(evals)
+    assert summary["mlflow"]["failures"] >= 1
+    live = LiveLog(MlflowOutput(tracking_uri=unusable), tmp_path / "r", {})
+    live.log(ps[:2], [])
+    live.log(ps[2:5], evals[:1])
+    assert (live.failures, live.lost, live.logged) == (2, 6, 0), "every flush tries, and counts what it lost"
+    warned = [r for r in caplog.records if r.name == "switchps.mlflow"]
+    assert len(warned) == 2 and all(unusable in r.getMessage() for r in warned), "once per run"

@@ -18,7 +18,6 @@ retried.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import logging
 import tempfile
@@ -31,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from switchps.errors import RunDirError
-from switchps.ps_server.mlflow_log import log_batches, row_metrics
+from switchps.ps_server.mlflow_log import cut, export_id, log_batches, param_value, params, row_metrics
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric
 
 log = logging.getLogger("switchps.runs.mlflow_export")
 
@@ -101,11 +100,6 @@ def _client(tracking_uri: str | None) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def export_id(kind: str, path: Path) -> str:
-    """The same for every export of one directory (by its resolved path), whatever the current directory."""
-    return hashlib.sha256(f"{kind}:{path.resolve()}".encode()).hexdigest()[:16]
-
-
 @contextmanager
 def _undo_on_failure(client: MlflowClient) -> Iterator[list[str]]:
     """The list the caller appends the runs it creates to; on an error they are deleted."""
@@ -140,7 +134,7 @@ def _export_run(client: MlflowClient, experiment_id: str, run_dir: Path, tags: M
     numbers, texts = _split(flatten(summary))
     finals = [Metric(k, v, end_ms, final_step) for k, v in numbers.items()]
     log_batches(client, run_id, [*series, *finals], params(config),
-                [RunTag(f"summary.{k}", _cut(v, MAX_TAG_VAL_LENGTH)) for k, v in texts.items()])
+                [RunTag(f"summary.{k}", cut(v, MAX_TAG_VAL_LENGTH)) for k, v in texts.items()])
     for name in RUN_FILES:
         if (run_dir / name).is_file():
             client.log_artifact(run_id, str(run_dir / name))
@@ -181,38 +175,6 @@ def _run_dir(study_dir: Path, listed: str) -> Path:
     name under the study's ``runs/`` (a study directory moved or read from elsewhere)."""
     path = Path(listed)
     return path if (path / "summary.json").is_file() else study_dir / "runs" / path.name
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as one level of dotted keys; an empty mapping stays a value."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out
-
-
-def params(config: Mapping[str, Any]) -> list[Param]:
-    """``config`` as MLflow params: dotted keys, strings as they are and other values as JSON, each cut
-    to MLflow's ``MAX_PARAM_VAL_LENGTH`` (a cut value ends in "…")."""
-    from mlflow.entities import Param
-    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
-
-    return [Param(k, _cut(param_value(v), MAX_PARAM_VAL_LENGTH)) for k, v in flatten(config).items()]
-
-
-def param_value(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    log.warning("a value of %d characters is cut to MLflow's limit of %d", len(text), limit)
-    return text[:limit - 1] + "…"
 
 
 def _split(flat: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
