@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -31,6 +32,9 @@ STUDY = {"study": "mini", "mode": "simulate", "repeats": 3, "reference": "bsp", 
                   "optimizer": {"name": "momentum", "learning_rate": 0.1},
                   "device": {"samples_per_s": 200.0}, "stragglers": {"mixture": {"preset": "niagara", "scale": 0.05}}},
          "arms": {"bsp": {}, "asp": {"protocol.name": "asp"}}}
+
+CHILDREN = urllib.parse.urlencode({"compareRunsMode": "TABLE"})
+"""The experiment's runs as a table (the study's parent run, its nested runs folded under it)."""
 
 
 def main() -> None:
@@ -58,7 +62,7 @@ def main() -> None:
             chromium = shutil.which("chromium") or "chromium"
             subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={out}",
                             "--window-size=1400,900", "--virtual-time-budget=10000",
-                            f"{url}/#/experiments/{experiment}"], check=True, timeout=300,
+                            f"{url}/#/experiments/{experiment}/runs?{CHILDREN}"], check=True, timeout=300,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:
             os.killpg(server.pid, signal.SIGTERM)

@@ -84,6 +84,15 @@ def log_batches(client: MlflowClient, run_id: str, metrics: Sequence[Metric] = (
     return calls
 
 
+def get_or_create_experiment(client: MlflowClient, name: str) -> str:
+    """The experiment ``name``, created if missing, as one of model training (MLflow 3's UI then opens on
+    its runs, not on its GenAI traces)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    return str(client.create_experiment(name, tags={"mlflow.experimentKind": "custom_model_development"}))
+
+
 def export_id(kind: str, path: Path) -> str:
     """The same for every export of one directory (by its resolved path), whatever the current directory."""
     return hashlib.sha256(f"{kind}:{path.resolve()}".encode()).hexdigest()[:16]
@@ -165,8 +174,7 @@ class LiveLog:
         from mlflow import MlflowClient
 
         client = MlflowClient(self.spec.tracking_uri)
-        found = client.get_experiment_by_name(self.spec.experiment)
-        experiment = found.experiment_id if found is not None else client.create_experiment(self.spec.experiment)
+        experiment = get_or_create_experiment(client, self.spec.experiment)
         key = export_id("live", self.run_dir)
         resumed = client.search_runs([experiment], f"tags.`{LIVE_ID}` = '{key}'", max_results=1)
         if resumed:

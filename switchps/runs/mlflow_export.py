@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from switchps.errors import RunDirError
-from switchps.ps_server.mlflow_log import cut, export_id, log_batches, param_value, params, row_metrics
+from switchps.ps_server.mlflow_log import (cut, export_id, flatten, get_or_create_experiment, log_batches, param_value,
+                                           params, row_metrics)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-    from mlflow.entities import Metric
 
 log = logging.getLogger("switchps.runs.mlflow_export")
 
@@ -60,8 +60,7 @@ def export_mlflow(path: Path, tracking_uri: str | None = None, experiment: str =
     kind = _kind(path)
     client = _client(tracking_uri)
     from mlflow import get_tracking_uri
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
+    experiment_id = get_or_create_experiment(client, experiment)
     key = export_id(kind, path)
     done = client.search_runs([experiment_id], f"tags.`{EXPORT_ID}` = '{key}'", max_results=1)
     if done:
@@ -152,12 +151,14 @@ def _export_study(client: MlflowClient, experiment_id: str, study_dir: Path, cre
     from mlflow.entities import Metric
 
     study = json.loads((study_dir / "study.json").read_text())
+    runs = [(r, _run_dir(study_dir, r["run_dir"])) for r in study["runs"]]
+    start_ms = min([_mtime_ms(d / "config.yaml") for _, d in runs], default=_mtime_ms(study_dir / "study.json"))
     end_ms = _mtime_ms(study_dir / "study.json")
-    parent = client.create_run(experiment_id, start_time=end_ms, run_name=study["study"], tags={
+    parent = client.create_run(experiment_id, start_time=start_ms, run_name=study["study"], tags={
         "switchps.study": study["study"], "switchps.study_dir": str(study_dir.resolve())}).info.run_id
     created.append(parent)
-    for run in study["runs"]:
-        _export_run(client, experiment_id, _run_dir(study_dir, run["run_dir"]), {
+    for run, run_dir in runs:
+        _export_run(client, experiment_id, run_dir, {
             "mlflow.parentRunId": parent, "mlflow.runName": f"{run['arm']} repeat {run['repeat']}",
             "switchps.arm": run["arm"], "switchps.repeat": str(run["repeat"])}, created)
     means = [Metric(f"{arm}/{metric}{suffix}", value, end_ms, 0)
