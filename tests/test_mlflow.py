@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import wait_until
+from test_launch import CONFIGS, run
 from test_sim import config
 from test_study import mini_study
 from switchps.cli import main
@@ -213,6 +214,22 @@ def test_a_param_longer_than_mlflow_takes_is_cut_and_says_so() -> None:
     assert long.key == "data.path" and len(long.value) == MAX_PARAM_VAL_LENGTH and long.value.endswith("x…")
     assert [(p.key, p.value) for p in params({"a": {}, "b": [1, 2], "c": None, "d": True})] == [
         ("a", "{}"), ("b", "[1, 2]"), ("c", "null"), ("d", "true")]
+
+
+@pytest.mark.integration
+def test_a_real_run_logs_from_the_ps_as_it_trains_and_exports_with_its_model(tmp_path: Path, store: str) -> None:
+    proc, run_dir = run(tmp_path, str(CONFIGS / "quickstart.yaml"), "--set", "train.epochs=1",
+                        "--set", f"output.mlflow.tracking_uri={store}", "--set", "output.mlflow.experiment=live")
+    assert proc.returncode == 0 and run_dir is not None, proc.stderr[-3000:]
+    client = MlflowClient(store)
+    (live,) = experiment_runs(client, "live")
+    ps, evals = rows(run_dir / "ps.csv"), rows(run_dir / "eval.csv")
+    assert history(client, live.info.run_id, "ps/train_loss") == [
+        (int(r["version"]), float(r["train_loss"])) for r in ps]
+    assert json.loads((run_dir / "summary.json").read_text())["mlflow"] == {
+        "rows_logged": len(ps) + len(evals), "rows_lost": 0, "failures": 0}
+    done = mlflow_export.export_mlflow(run_dir, store)
+    assert artifacts(client, done.run_id, "model") == {"model/model.keras"}
 
 
 def free_port() -> int:
