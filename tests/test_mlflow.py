@@ -155,11 +155,11 @@ def test_a_study_is_a_parent_run_with_a_nested_run_per_arm_and_repeat(study_dir:
     assert sorted((r.data.tags["switchps.arm"], r.data.tags["switchps.repeat"]) for r in children) == [
         ("backup", "0"), ("backup", "1"), ("bsp", "0"), ("bsp", "1")]
     study = json.loads((study_dir / "study.json").read_text())
-    for run in children:
+    for child in children:
         listed = next(r for r in study["runs"] if (r["arm"], str(r["repeat"])) == (
-            run.data.tags["switchps.arm"], run.data.tags["switchps.repeat"]))
-        assert run.data.tags["switchps.run_dir"] == str(Path(listed["run_dir"]).resolve())
-        assert run.data.metrics["final_test_accuracy"] == json.loads(
+            child.data.tags["switchps.arm"], child.data.tags["switchps.repeat"]))
+        assert child.data.tags["switchps.run_dir"] == str(Path(listed["run_dir"]).resolve())
+        assert child.data.metrics["final_test_accuracy"] == json.loads(
             (Path(listed["run_dir"]) / "summary.json").read_text())["final_test_accuracy"]
     for arm in ("bsp", "backup"):
         assert parent.data.metrics[f"{arm}/final_accuracy"] == study["arms"][arm]["final_accuracy"]["mean"]
@@ -175,6 +175,14 @@ def test_a_directory_that_is_neither_a_run_nor_a_study_exits_2_in_one_line(
     assert capsys.readouterr().err.splitlines() == [
         f"switchps: {tmp_path} is neither a finished run directory (config.yaml, ps.csv, summary.json) "
         "nor a study directory (study.json)"]
+
+
+def test_export_mlflow_without_mlflow_installed_says_how_to_install_it(
+        run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow raises ModuleNotFoundError
+    assert main(["export", "mlflow", str(run_dir)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        'switchps: config error: export mlflow needs MLflow, which is not installed: pip install "switchps[mlflow]"']
 
 
 def test_export_without_a_form_still_writes_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -30,13 +29,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from switchps.errors import RunDirError
+from switchps.problems import ConfigError
 from switchps.ps_server.mlflow_log import (cut, export_id, flatten, get_or_create_experiment, log_batches, param_value,
                                            params, row_metrics)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-
-log = logging.getLogger("switchps.runs.mlflow_export")
 
 EXPORT_ID = "switchps.export_id"
 """The tag that marks an exported directory (its value: ``export_id``)."""
@@ -58,14 +56,13 @@ def export_mlflow(path: Path, tracking_uri: str | None = None, experiment: str =
     """Export the run or study directory ``path`` into ``experiment`` (created if missing) of the
     tracking store at ``tracking_uri`` (default: MLflow's, e.g. ``MLFLOW_TRACKING_URI``)."""
     kind = _kind(path)
-    client = _client(tracking_uri)
-    from mlflow import get_tracking_uri
+    client, uri = _client(tracking_uri)
     experiment_id = get_or_create_experiment(client, experiment)
     key = export_id(kind, path)
     done = client.search_runs([experiment_id], f"tags.`{EXPORT_ID}` = '{key}'", max_results=1)
     if done:
         raise RunDirError(f"{path} is already in MLflow: run {done[0].info.run_id} of experiment {experiment!r} at "
-                          f"{tracking_uri or get_tracking_uri()}; delete that run to export it again")
+                          f"{uri}; delete that run to export it again")
     with _undo_on_failure(client) as created:
         if kind == "study":
             parent = _export_study(client, experiment_id, path, created)
@@ -86,17 +83,17 @@ def _kind(path: Path) -> str:
                       "nor a study directory (study.json)")
 
 
-def _client(tracking_uri: str | None) -> MlflowClient:
-    from switchps.problems import ConfigError
-
+def _client(tracking_uri: str | None) -> tuple[MlflowClient, str]:
+    """MLflow's client of ``tracking_uri`` (None: MLflow's default), and that URI."""
     try:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient, get_tracking_uri
     except ModuleNotFoundError as e:
         if (e.name or "").partition(".")[0] != "mlflow":
             raise
         raise ConfigError('export mlflow needs MLflow, which is not installed: pip install "switchps[mlflow]"') \
             from None
-    return MlflowClient(tracking_uri=tracking_uri)
+    uri = tracking_uri or get_tracking_uri()
+    return MlflowClient(tracking_uri=uri), uri
 
 
 @contextmanager
