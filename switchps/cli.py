@@ -116,13 +116,22 @@ def cmd_role(args: argparse.Namespace) -> int:
     return int(role_args.func(role_args))
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def cmd_export_model(args: argparse.Namespace) -> int:
     if args.checkpoint != "latest" and not args.checkpoint.isdigit():
         raise ConfigError(f"export: --checkpoint must be latest or a version number, got {args.checkpoint!r}")
     from switchps.runs.export import export
 
     version = None if args.checkpoint == "latest" else int(args.checkpoint)
     print(export(Path(args.run_dir), version, Path(args.out) if args.out else None))
+    return 0
+
+
+def cmd_export_mlflow(args: argparse.Namespace) -> int:
+    from switchps.runs.mlflow_export import export_mlflow
+
+    done = export_mlflow(Path(args.dir), args.tracking_uri, args.experiment)
+    print(f"MLflow experiment {done.experiment_id}, run {done.run_id}"
+          + (f" with {len(done.children)} nested runs" if done.children else ""))
     return 0
 
 
@@ -218,10 +227,31 @@ def cmd_tune_switch(args: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """A parser whose sub-command may be left out when it names a ``default_command``: `switchps export
+    RUN_DIR`, the form from before `export mlflow`, is `switchps export model RUN_DIR`."""
+
+    def __init__(self, *args: Any, default_command: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.default_command = default_command
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        action = super().add_subparsers(**kwargs)
+        self.commands = action.choices
+        return action
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self.default_command is not None and args is not None:  # as a sub-parser, it is given its args
+            if not args or args[0] not in {*self.commands, "-h", "--help"}:
+                args = [self.default_command, *args]
+        return super().parse_known_args(args, namespace)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchps", description="Parameter server with switchable synchronization")
     p.add_argument("--version", action="version", version=f"switchps {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def with_config(name: str, help: str, optional: bool = False) -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help)
@@ -297,11 +327,23 @@ def _role_parsers(with_config: Callable[[str, str], argparse.ArgumentParser]) ->
 
 def _record_parsers(sub: Any) -> None:
     """The commands that read a run directory (`export`, `status`, `plot`, `compare`)."""
-    x = sub.add_parser("export", help="write a Keras model from a run's checkpoint")
-    x.add_argument("run_dir")
-    x.add_argument("--checkpoint", default="latest", help="latest, or the version of a kept checkpoint")
-    x.add_argument("--out", help="the .keras file (default RUN_DIR/model-v<version>.keras)")
-    x.set_defaults(func=cmd_export)
+    x = sub.add_parser("export", help="a run's model file from its checkpoint (model, the default), or runs "
+                                      "and studies into MLflow (mlflow)", default_command="model")
+    forms = x.add_subparsers(dest="form", required=True)
+    xm = forms.add_parser("model", help="write the run's model file (Keras or PyTorch) from a checkpoint; "
+                                        "`switchps export RUN_DIR` means this")
+    xm.add_argument("run_dir")
+    xm.add_argument("--checkpoint", default="latest", help="latest, or the version of a kept checkpoint")
+    xm.add_argument("--out", help="the model file (default RUN_DIR/model-v<version>.keras, or .pt for PyTorch)")
+    xm.set_defaults(func=cmd_export_model)
+    xf = forms.add_parser("mlflow", help="log a run directory, or a study directory (a parent run with a nested "
+                                         "run per arm and repeat), as MLflow runs; needs switchps[mlflow]")
+    xf.add_argument("dir", metavar="RUN_DIR|STUDY_DIR")
+    xf.add_argument("--tracking-uri", help="the tracking store, e.g. sqlite:///mlflow.db or http://host:5000 "
+                                           "(default: MLflow's, e.g. MLFLOW_TRACKING_URI)")
+    xf.add_argument("--experiment", default="switchps", help="the experiment, created if missing (default "
+                                                             "switchps)")
+    xf.set_defaults(func=cmd_export_mlflow)
     stt = sub.add_parser("status", help="where a run stands: version, protocol, progress, workers, evaluation")
     stt.add_argument("target", metavar="RUN_DIR|HOST:PORT")
     stt.add_argument("--config", help="for HOST:PORT: the run config naming the secret and TLS files")

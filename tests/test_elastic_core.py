@@ -175,3 +175,38 @@ def test_an_epoch_of_an_elastic_run_is_the_data_set_once():
     for _ in range(4):
         _round(h, [0, 1, 2], 1.0)  # 3 samples a round
     assert h.core.progress(h.now) == pytest.approx(12 / 40)
+
+
+def test_a_resume_may_change_the_worker_count_only_when_workers_draw_with_replacement():
+    from switchps.ps_server.resume_rules import resume_problems
+
+    def cfg(workers, sampling):
+        return {"cluster": {"workers": workers}, "data": {"name": "digits", "sampling": sampling}}
+
+    elastic = {"min": 2, "max": 6, "start": 4}
+    assert resume_problems(cfg(4, "replacement"), cfg(elastic, "replacement")) == []
+    assert resume_problems(cfg(elastic, "replacement"), cfg({"min": 1, "max": 3}, "replacement")) == []
+    [line] = resume_problems(cfg(4, "partition"), cfg(6, "partition"))
+    assert line.startswith("cluster.workers: the checkpoint was made with 4, this config says 6")
+
+
+def test_a_worker_that_says_it_leaves_is_gone_at_once():
+    h = Harness(workers=3, bounds=ELASTIC)
+    a, b = h.push(0, 1.0), h.push(1, 1.0)
+    h.run(h.core.leave(2, h.now))
+    assert h.released(a) and h.released(b) and h.core.version == 1, "the round completes without it"
+    assert h.events("worker_left") == [{"worker": 2, "version": 0, "reason": "exited", "members": 2}]
+    with pytest.raises(Rejected, match="unknown worker id 2"):
+        h.core.leave(2, h.now)
+
+
+def test_a_fixed_size_run_stops_waiting_for_a_worker_that_leaves_until_it_pushes():
+    h = Harness(workers=3)
+    a, b = h.push(0, 1.0), h.push(1, 1.0)
+    h.run(h.core.leave(2, h.now))
+    assert h.released(a) and h.core.version == 1 and h.core.members.num_workers == 3
+    assert h.events("worker_exited") == [{"worker": 2, "version": 0}]
+    h.push(0, 1.0), h.push(1, 1.0)
+    assert h.core.version == 2
+    h.push(2, 1.0, base=2)
+    assert 2 in h.core.members.active, "it rejoins by pushing"

@@ -31,7 +31,7 @@ def _scale(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
 def test_switchps_scale_grows_a_bsp_run_from_4_to_6_and_shrinks_it_to_3(tmp_path, processes):
     launcher = processes([SWITCHPS, "run", str(EXAMPLE), "--quiet", "--set", f"output.dir={tmp_path}",
                           "--set", "model.framework=torch", "--set", "cluster.leave_after_s=3",
-                          "--set", "train.seconds=75"], stderr=subprocess.PIPE, text=True)
+                          "--set", "train.seconds=60"], stderr=subprocess.PIPE, text=True)
     wait_until(lambda: any(tmp_path.glob("elastic-*/ps.csv")), 120, "the run directory")
     run_dir = next(tmp_path.glob("elastic-*"))
     wait_until(lambda: 4 in _members(run_dir), 120, "an update of the 4 starting workers")
@@ -50,7 +50,9 @@ def test_switchps_scale_grows_a_bsp_run_from_4_to_6_and_shrinks_it_to_3(tmp_path
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     joined = [e["worker"] for e in events if e["event"] == "worker_joined"]
     assert sorted(joined) == [0, 1, 2, 3, 4, 5]
-    assert sorted(e["worker"] for e in events if e["event"] == "worker_left") == [3, 4, 5]
+    left = [e for e in events if e["event"] == "worker_left"]
+    assert sorted(e["worker"] for e in left) == [3, 4, 5]
+    assert {e["reason"] for e in left} == {"exited"}, "a worker stopped by switchps scale says it leaves"
     summary = json.loads((run_dir / "summary.json").read_text())
     with (run_dir / "ps.csv").open() as f:
         applied = sum(len(r["workers"].split(";")) for r in csv.DictReader(f))

@@ -178,6 +178,23 @@ def test_a_sharded_ps_places_every_shard_as_a_role_and_collects_each_shards_reco
     assert list((run_dir / "checkpoints" / "shard-1").glob("v*.ckpt")), "its saved parts collected too"
 
 
+def test_switchps_scale_starts_a_worker_in_its_reserved_bundle_and_the_run_counts_it(tmp_path, cluster, processes):
+    config = write_config(tmp_path, steps=1200, data={"name": "digits", "sampling": "replacement"})
+    raw = yaml.safe_load(config.read_text())
+    raw["cluster"]["workers"] = {"min": 1, "max": 3, "start": 2}
+    config.write_text(yaml.safe_dump(raw))
+    launcher = start_run(processes, tmp_path, cluster, config)
+    run_dir = wait_for_updates(launcher, tmp_path, 20)
+    scaled = subprocess.run([SWITCHPS, "scale", str(run_dir), "+1"], capture_output=True, text=True, timeout=60)
+    assert scaled.returncode == 0 and "for 3 workers (it runs 2)" in scaled.stdout, scaled.stderr
+    run_dir, summary = finished(launcher, tmp_path)
+    members = [int(r["members"]) for r in rows(run_dir / "ps.csv")]
+    assert members[0] == 2 and members[-1] == 3, "the run grew from 2 to 3 members"
+    placed = {e["role"] for e in ray_events(run_dir) if e["event"] == "ray_placed"}
+    assert "worker-2" in placed, "the newcomer was placed in the bundle reserved for it"
+    applied_once(run_dir, summary)
+
+
 def small_config(tmp_path: Path, **ray_spec: Any) -> Path:
     """Two workers, the PS and the evaluator at the default placement but for ``ray_spec``."""
     tmp_path.mkdir(exist_ok=True)

@@ -78,8 +78,22 @@ class EvalSpec(Section):
     final_timeout_s: float = Field(60.0, gt=0)
 
 
+class MlflowOutput(Section):
+    """Live MLflow logging of the run (needs switchps[mlflow]): the PS's record flusher logs each flush's new
+    ps.csv and eval.csv rows as metrics; a failing tracking store is logged once and counted, never stops
+    training."""
+
+    tracking_uri: str = Field(min_length=1)
+    """The tracking store, e.g. ``http://mlflow.example:5000`` or ``sqlite:///mlflow.db``."""
+    experiment: str = Field("switchps", min_length=1)
+    """The experiment, created if missing."""
+
+
 class OutputSpec(Section):
     dir: str = "runs"
+    mlflow: MlflowOutput | None = None
+    """Log the run to MLflow as it goes (see docs/outputs.md, MLflow). None: off; `switchps export mlflow
+    RUN_DIR` logs a finished run."""
 
 
 @dataclass(frozen=True)

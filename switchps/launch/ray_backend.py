@@ -285,9 +285,10 @@ class RayBackend:
     started: Counter[str] = field(default_factory=Counter)
 
     def roles(self) -> list[str]:
-        """The roles in bundle order."""
+        """The roles in bundle order: an elastic run's up to ``max`` workers, so that `switchps scale` finds
+        their places reserved."""
         shards = [f"ps-{k}" for k in range(1, len(self.cfg.cluster.shards))]
-        return ["ps", *shards, "evaluator", *(f"worker-{i}" for i in range(self.cfg.cluster.num_workers))]
+        return ["ps", *shards, "evaluator", *(f"worker-{i}" for i in range(self.cfg.cluster.max_workers))]
 
     def open(self) -> None:
         """Size the bundles and reserve the placement group. ``LaunchError`` at once if the nodes of a

@@ -6,7 +6,7 @@ set changes. `switchps scale` reads it, checks the count asked for against ``clu
 (one line, exit 2, when it cannot), and appends it to ``scale.jsonl``. The launcher reads new requests
 between its progress polls (at most ~0.5 s apart) and applies the last: new workers take the lowest free
 indices below ``max``; the highest-numbered ones are stopped (SIGTERM). The PS counts a newcomer once it
-registers and a stopped worker once it has been silent for ``cluster.leave_after_s``.
+registers, and a stopped worker gone once it says it leaves (``Leave``, from its SIGTERM handler).
 
 Concurrency: the launcher's one thread reads and writes; `switchps scale` only appends whole lines.
 """

@@ -226,6 +226,12 @@ class EvalReport(_message.Message):
     final: bool
     def __init__(self, version: _Optional[int] = ..., test_loss: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., final: _Optional[bool] = ...) -> None: ...
 
+class LeaveRequest(_message.Message):
+    __slots__ = ("worker",)
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    worker: int
+    def __init__(self, worker: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from switchps.jsonfile import dumps, write_json
 from switchps.ps_server.core.actions import Apply
 from switchps.ps_server.core.events import StepReport
+from switchps.ps_server.mlflow_log import LiveLog
 from switchps.ps_server.tensorboard import TensorBoard
 from switchps.straggler_trace import TRACE_FILE_COLUMNS
 
@@ -111,10 +112,12 @@ class RunRecorder:
     """Appends rows and events, counts pushes, and writes ``summary.json``."""
 
     def __init__(self, run_dir: Path, trace: bool = False, flush_every_s: float | None = 0.5,
-                 resume: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 resume: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic,
+                 mlflow: LiveLog | None = None) -> None:
         """``flush_every_s``: how often a background thread flushes; None: no thread, the driver calls
         ``flush``. ``resume``: a ``position`` from a checkpoint; the record continues from there.
-        ``clock``: the driver's clock, on which ``start``'s time is too."""
+        ``clock``: the driver's clock, on which ``start``'s time is too. ``mlflow``: where each flush also
+        logs its new ps.csv and eval.csv rows (``output.mlflow``)."""
         self.run_dir, self.clock = run_dir, clock
         run_dir.mkdir(parents=True, exist_ok=True)
         self.t0: float | None = None  # training start; times in the record count from it
@@ -127,6 +130,7 @@ class RunRecorder:
         self.eval = _Table(run_dir / "eval.csv", EVAL_COLUMNS, rows.get("eval"))
         self.trace = _Table(run_dir / "stragglers.csv", TRACE_FILE_COLUMNS, rows.get("trace")) if trace else None
         self.tensorboard = TensorBoard(run_dir)
+        self.mlflow = mlflow
         self.busy_s: Counter[int] = Counter()  # per worker: compute + injected delay, i.e. not waiting
         self._events: list[tuple[float, dict[str, Any]]] = []
         # appended to, never truncated: a PS restarted before its first checkpoint starts afresh after
@@ -249,10 +253,13 @@ class RunRecorder:
                     self._events = []
             if self.trace is not None:
                 self.trace.write(trace)
-            self.tensorboard.updates([dict(zip(PS_COLUMNS, r)) for r in self.ps.write(ps)])
+            updates = [dict(zip(PS_COLUMNS, r)) for r in self.ps.write(ps)]
+            self.tensorboard.updates(updates)
             self.tensorboard.steps(self.workers.write(workers), WORKER_COLUMNS)
             self.tensorboard.evaluations(self.eval.write(evals))
             self.tensorboard.flush()
+            if self.mlflow is not None:
+                self.mlflow.log(updates, [dict(zip(EVAL_COLUMNS, r)) for r in evals])
             if events:
                 with (self.run_dir / "events.jsonl").open("a") as f:
                     f.write("\n".join(events) + "\n")
@@ -280,6 +287,8 @@ class RunRecorder:
             "rejections": dict(sorted(self.rejections.items())),
             **summary,
         }
+        if self.mlflow is not None:
+            full["mlflow"] = self.mlflow.close()
         write_json(self.run_dir / "summary.json", full)
         return full
 

@@ -22,7 +22,7 @@ METADATA_KEY = "authorization"
 ROLES = ("worker", "evaluator", "status", "shard")
 PERMITTED: dict[str, frozenset[str]] = {
     "worker": frozenset({"Register", "Attach", "Init", "Push", "PushSmall", "Pull", "InitPart", "PushPart",
-                        "PullPart"}),
+                        "PullPart", "Leave"}),
     "evaluator": frozenset({"Pull", "Eval", "Status", "PullPart"}),
     "status": frozenset({"Status"}),
     "shard": frozenset({"Follow"}),

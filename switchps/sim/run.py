@@ -30,6 +30,7 @@ from switchps.problems import ConfigError
 from switchps.ps_server.link import DuplexLink
 from switchps.optim.optimizers import optimizer_factory
 from switchps.ps_server.records import RunRecorder
+from switchps.ps_server.mlflow_log import live_log
 from switchps.ps_server.drivers import RECORD_FILES, build_core, elapsed, prepare_run_dir, run_summary
 from switchps.sim.driver import Drive, Simulator
 from switchps.sim.learner import Learner, TimeOnly
@@ -56,7 +57,8 @@ def simulate(cfg: RunConfig, run_dir: Path, *, time_only: bool = False, quiet: b
                           f"{n} training samples; use replacement")
     prepare_run_dir(cfg, run_dir, resume=False)
     loop = Loop()
-    rec = RunRecorder(run_dir, trace=cfg.stragglers.active, flush_every_s=None, clock=lambda: loop.now)
+    rec = RunRecorder(run_dir, trace=cfg.stragglers.active, flush_every_s=None, clock=lambda: loop.now,
+                      mlflow=live_log(cfg, run_dir))
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
     optimizer = optimizer_factory(cfg.optimizer)(learner.trainable)
     optimizer.set_variables(variables)  # per-variable clipping's boundaries

@@ -118,6 +118,8 @@ class PSClient:
         self._status = self.channel.unary_unary(
             SERVICE + "Status", pb.StatusRequest.SerializeToString, pb.Status.FromString)
         self._eval = self.channel.unary_unary(SERVICE + "Eval", pb.EvalReport.SerializeToString, pb.Status.FromString)
+        self._leave = self.channel.unary_unary(SERVICE + "Leave", pb.LeaveRequest.SerializeToString,
+                                               pb.Status.FromString)
         self._init = self.channel.stream_stream(SERVICE + "Init", **raw)
         self._push = self.channel.stream_stream(SERVICE + "Push", **raw)
         self._push_small = self.channel.unary_unary(SERVICE + "PushSmall", **raw)
@@ -157,6 +159,10 @@ class PSClient:
 
     def status(self) -> pb.Status:
         return self._status(pb.StatusRequest(), timeout=self.timeout_s, metadata=self._md)
+
+    def leave(self, worker: int) -> pb.Status:
+        """Say worker ``worker`` is ending (``LeaveRequest``)."""
+        return self._leave(pb.LeaveRequest(worker=worker), timeout=self.timeout_s, metadata=self._md)
 
     def report_eval(self, version: int, test_loss: float, test_accuracy: float, final: bool = False) -> pb.Status:
         return self._eval(pb.EvalReport(version=version, test_loss=test_loss, test_accuracy=test_accuracy,

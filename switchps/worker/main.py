@@ -34,6 +34,10 @@ instead of a gradient, and waits. Orders switch between the two kinds at any ste
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -60,6 +64,7 @@ def run_worker(cfg: RunConfig, index: int) -> int:
     gc.warm_up(cfg.protocol.batch, cfg.protocol.micro_batch or cfg.protocol.batch)  # never inside a timed step
     ps = Session(cfg, index, gc.weights.layout(), gc.size, registered_size(n, index, cfg), gc.read,
                  framework=cfg.model.framework, device=str(gc.device), local_steps=True)
+    _leave_on_sigterm(ps, index)
     try:
         params = gc.buffer()  # the framework reads the values a reply leaves here in place (as a segment's)
         reply = ps.pull(params)
@@ -77,6 +82,20 @@ def run_worker(cfg: RunConfig, index: int) -> int:
         ps.close()
         gc.close()
     return ps.step
+
+
+def _leave_on_sigterm(ps: Session, index: int) -> None:
+    """A worker stopped (`switchps scale`, a preemption's notice) tells the PS it leaves, then exits: an elastic
+    run counts it gone at once. ``os._exit``, as on a Ctrl-C (``launch.role_commands.exit_on_sigint``): the
+    signal may land inside a gRPC call, whose locks an orderly exit would wait on."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        os.write(2, f"switchps worker-{index}: stopped (SIGTERM), leaving the run\n".encode())
+        ps.leave()
+        os._exit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():  # the process's own worker, not a test's thread
+        signal.signal(signal.SIGTERM, handler)
 
 
 class Worker:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import grpc
 import numpy as np
 
 from switchps.config.run import RunConfig
@@ -27,7 +28,7 @@ from switchps.protos import switchps_pb2 as pb
 from switchps.protos.layout import with_wire
 from switchps.protos.wire_dtype import wire_nbytes
 from switchps.security.channels import client_security
-from switchps.worker.client import Reconnect, Reply
+from switchps.worker.client import PSClient, Reconnect, Reply
 from switchps.worker.sharded import connect
 from switchps.worker.steps import Budget, Clock, RealClock
 
@@ -50,8 +51,10 @@ class Session:
         layout = with_wire(layout, cfg.runtime.wire_dtype)  # what the PS checks at registration
         self.index, self.layout = index, layout
         self.clock = clock or RealClock()
+        security = client_security(cfg, "worker", index)
         self.client = connect(cfg.cluster.shards, layout, cfg.runtime.shard_max_bytes, cfg.runtime.chunk_bytes,
-                              client_security(cfg, "worker", index))
+                              security)
+        self._leaving = lambda: PSClient(cfg.cluster.shards[0], timeout_s=2.0, security=security)
 
         def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
             if self.client.register(index, layout, partition_size, wait, framework=framework, device=device,
@@ -126,6 +129,17 @@ class Session:
         self.order = reply.order
         self.step += 1
         return reply
+
+    def leave(self) -> None:
+        """Tell the PS this worker is ending (``Leave``), on a channel of its own (the session's may be in
+        the middle of a call); a PS that is gone already is no error."""
+        client = self._leaving()
+        try:
+            client.leave(self.index)
+        except grpc.RpcError as e:
+            log.info("worker %d: the PS did not hear it leave (%s)", self.index, e.code().name)
+        finally:
+            client.close()
 
     def close(self) -> None:
         if self._thread is not None:

@@ -53,10 +53,13 @@ class Lifecycle:
         if not 0 < partition_size <= MAX_PARTITION_SIZE:
             raise invalid("partition_size", f"partition size {partition_size} must be in [1, {MAX_PARTITION_SIZE}]")
 
-    def check_push(self, worker: int) -> None:
-        """Raise ``Rejected`` unless ``worker`` registered and training has started."""
+    def check_registered(self, worker: int) -> None:
         if worker not in self.members.registered:
             raise unknown_worker(worker)
+
+    def check_push(self, worker: int) -> None:
+        """Raise ``Rejected`` unless ``worker`` registered and training has started."""
+        self.check_registered(worker)
         if self.started_at is None:
             raise precondition("not_started", "training has not started")
 
@@ -100,12 +103,13 @@ class Lifecycle:
         return sorted(w for w, seen in m.last_seen.items() if seen + m.bounds.leave_after_s <= now
                       and w not in waiting)
 
-    def leave(self, workers: list[int], version: int) -> list[Record]:
-        """``workers`` left for good: out of the barrier and of N."""
+    def leave(self, workers: list[int], version: int, reason: str = "silent") -> list[Record]:
+        """``workers`` left an elastic run for good (``silent``, or said they ``exited``): out of the barrier
+        and of N."""
         for w in workers:
             self.members.remove(w)
         self._resize()
-        return [Record("worker_left", {"worker": w, "version": version, "reason": "silent",
+        return [Record("worker_left", {"worker": w, "version": version, "reason": reason,
                                        "members": self.members.num_workers}) for w in workers]
 
     def pause_records(self, was_paused: bool, version: int) -> list[Record]:

@@ -200,13 +200,29 @@ class Core:
             self._check_finished(now)
             rule = self.switching.protocol.rule
             if left := self.lifecycle.leavers(now, self.lifecycle.waiting(rule)):
-                paused = self.members.paused
-                self.outbox.add(self.lifecycle.leave(left, self.version))
-                self.consulting.forget(left)
-                self._membership_changed(paused, now)
+                self._leave(left, "silent", now)
             if not self.members.paused and not self.done:
                 self._run(self.switching.protocol.rule.on_timer(self.members, now), now)
         return self._flush(now)
+
+    def leave(self, worker: int, now: float) -> list[Action]:
+        """Worker ``worker`` says it is ending: an elastic run counts it gone; a fixed-size one stops waiting
+        for it until it pushes again (``worker_exited``). Raises ``Rejected`` for a worker not registered."""
+        self.lifecycle.check_registered(worker)
+        if self.members.bounds is not None:
+            self._leave([worker], "exited", now)
+        elif worker in self.members.active:
+            self.members.active.discard(worker)
+            self.outbox.add([Record("worker_exited", {"worker": worker, "version": self.version})])
+            self._run(self.switching.protocol.rule.on_membership(self.members, now), now)
+        return self._flush(now)
+
+    def _leave(self, workers: list[int], reason: str, now: float) -> None:
+        paused = self.members.paused
+        self.outbox.add(self.lifecycle.leave(workers, self.version, reason))
+        self.consulting.forget(workers)
+        if self.started_at is not None:
+            self._membership_changed(paused, now)
 
     def switch(self, new: ProtocolSpec, reason: str, policy: str, now: float) -> list[Action]:
         """Change the protocol or its parameters live (a round in flight completes first)."""

@@ -20,6 +20,7 @@ from switchps.ps_server.link import DuplexLink
 from switchps.ps_server.store import ModelStore
 from switchps.optim.optimizers import optimizer_factory
 from switchps.ps_server.records import PS_COLUMNS, RunRecorder
+from switchps.ps_server.mlflow_log import live_log
 from switchps.ps_server.drivers import build_core, prepare_run_dir, run_summary
 from switchps.ps_server.rpc.server import Servable, Server
 from switchps.ps_server.rpc.service import PUSH_STREAMS, ParameterServer
@@ -42,7 +43,7 @@ def build_ps(cfg: RunConfig, run_dir: Path, resume: Checkpoint | None = None) ->
     link = DuplexLink(cfg.network.ps_link_mbit_s) if cfg.network.ps_link_mbit_s else None
     clock = time.monotonic  # the core's times and the record's are on the driver's one clock
     rec = RunRecorder(run_dir, trace=cfg.stragglers.active, resume=record_position(resume.state) if resume else None,
-                      clock=clock)
+                      clock=clock, mlflow=live_log(cfg, run_dir))
     followers = len(cfg.cluster.shards) - 1
     admission: Admission = Alone()
     if followers:

@@ -188,6 +188,17 @@ class ParameterServer:
         order = work_orders.to_wire(self.core.issue(req.worker, self.clock()))
         return pb.RegisterReply(send_init=first, order=order, num_workers=self.core.members.num_workers)
 
+    async def leave(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
+        """A worker ending before the run does (``Core.leave``)."""
+        try:
+            req = parse(body, pb.LeaveRequest)
+            as_worker(self.guard, ctx, req.worker, "Leave")
+            actions = self.core.leave(req.worker, self.clock())
+        except Rejected as r:
+            await self._reject(ctx, "leave", r)
+        self._execute(actions)
+        return self._status()
+
     async def status(self, body: bytes, ctx: grpc.aio.ServicerContext) -> pb.Status:
         try:
             parse(body, pb.StatusRequest)
@@ -414,6 +425,7 @@ class ParameterServer:
             "Register": grpc.unary_unary_rpc_method_handler(
                 self.register, None, pb.RegisterReply.SerializeToString),
             "Status": grpc.unary_unary_rpc_method_handler(self.status, None, pb.Status.SerializeToString),
+            "Leave": grpc.unary_unary_rpc_method_handler(self.leave, None, pb.Status.SerializeToString),
             "Eval": grpc.unary_unary_rpc_method_handler(self.eval_report, None, pb.Status.SerializeToString),
             "Init": grpc.stream_stream_rpc_method_handler(self.init, **raw),
             "Push": grpc.stream_stream_rpc_method_handler(self.push, **raw),
