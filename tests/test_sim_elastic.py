@@ -80,6 +80,27 @@ def test_members_per_update_follow_a_trace_and_every_push_counts_once(tmp_path: 
     counted_once(run, s)
 
 
+def test_with_notice_a_departing_worker_is_gone_at_once_and_its_push_in_flight_is_lost(tmp_path: Path) -> None:
+    """``churn.notice``: the worker tells the PS it leaves (as one stopped with SIGTERM does): N drops at the
+    departure, not ``leave_after_s`` later; a push it sent that arrives after is lost with it (never counted)."""
+    # pushes take 0.02 s to arrive, so workers 0 and 1 send every 0.12 s: at 2.98 s their step 24's push leaves,
+    # to arrive at 3.0 s, after they left at 2.99 s
+    churn = {"notice": True, "trace": trace(tmp_path / "churn.csv", (1.05, 4, "join"), (2.99, 0, "leave"),
+                                             (2.99, 1, "leave"))}
+    run = tmp_path / "r"
+    s = simulate(parse_config(elastic(churn, network={"push_overhead_s": 0.02}), role="simulate"), run,
+                 time_only=True)
+    assert [(e["worker"], e["time_s"], e["reason"]) for e in events(run, "worker_left")] == [
+        (0, 2.99, "exited"), (1, 2.99, "exited")]
+    for u in rows(run):
+        t = float(u["time_s"])
+        assert int(u["members"]) == 4 + (t >= 1.05) - 2 * (t >= 2.99), u
+    pushes = rows(run, "workers.csv")
+    assert [(p["time_s"], p["step"]) for p in pushes if p["worker"] == "0"][-1] == ("2.88", "23"), "24 is lost"
+    assert not s["stalled"]
+    counted_once(run, s)
+
+
 def test_a_departed_step_is_lost_and_what_crossed_to_it_is_dropped_with_gradients(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Over a slow link (parameters take 0.04 s or more to cross), workers depart mid-step and while replies

@@ -4,8 +4,8 @@ only; a real run's workers join and leave by themselves).
 Either a Poisson process of preemptions (each running worker is preempted at ``preempt_per_hour``; its index
 comes back ``rejoin_after_s`` later, or never), or a trace: a CSV of ``time_s,worker,event`` rows, ``event``
 ``join`` or ``leave``, replayed from the run's start (``cluster.workers.start`` workers, indices
-``0..start-1``, run at time 0). A departure stops the worker; the PS learns of it only as a real one does,
-after ``cluster.leave_after_s`` of silence. The trace's format and its checks against the cluster live here
+``0..start-1``, run at time 0). A departure stops the worker; the PS learns of it as it would of a real one:
+from the worker itself with ``notice``, else after ``cluster.leave_after_s`` of silence. The trace's format and its checks against the cluster live here
 so that a bad one is a config error naming ``churn.trace`` before anything starts.
 """
 
@@ -44,6 +44,10 @@ class ChurnSpec(Section):
     rejoin_after_s: float | None = Field(None, gt=0, le=86400)
     """A preempted worker's index comes back (registers again and resumes) this long after it was preempted,
     as a replacement process would; None: it never does."""
+    notice: bool = False
+    """Whether a departing worker tells the PS it leaves, as a real one stopped with SIGTERM does (a
+    preemption's notice, ``switchps scale``: the Leave RPC), so that the PS counts it gone at once; False: it
+    vanishes, as in a crash, and the PS notices after ``cluster.leave_after_s`` of silence."""
     trace: str | None = None
     """Path to a CSV with a header ``time_s,worker,event`` and one row per change, ``event`` ``join`` (a new
     index below ``cluster.workers.max``, or one that left) or ``leave`` (a running worker), replayed in time

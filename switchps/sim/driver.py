@@ -12,8 +12,10 @@ when training ends.
 
 Elastic membership (``churn``): a worker ``arrive``s (registers, pulls the latest version across the link,
 steps) and ``depart``s (stops: its step under way is lost, as a preempted process loses what it computed; a
-push it had sent still arrives, as it had left the worker; a pull or a reply crossing to it is dropped on
-arrival). The PS is not told: the core notices the silence after ``cluster.leave_after_s``, its own rule.
+push it had sent still arrives, as it had left the worker, unless the PS counted the worker gone meanwhile;
+a pull or a reply crossing to it is dropped on arrival). The PS is not told (the core notices the silence after ``cluster.leave_after_s``, its own rule),
+unless ``churn.notice``: then the worker says it leaves (``Core.leave``, the Leave RPC's), as a real one
+stopped with SIGTERM does.
 """
 
 from __future__ import annotations
@@ -118,11 +120,14 @@ class Simulator:
         self._pull(w)
 
     def depart(self, index: int) -> None:
-        """Worker ``index`` stops (see the module docstring); the PS is not told."""
+        """Worker ``index`` stops (see the module docstring); with ``churn.notice`` it tells the PS first, as a
+        real worker stopped with SIGTERM does (if the PS still counts it)."""
         w = self.workers[index]
         assert w.running, f"worker {index} departs while not running"
         w.depart()
         self.rec.event("churn", worker=index, change="leave")
+        if self.cfg.churn.notice and index in self.core.members.registered:
+            self._execute(self.core.leave(index, self.loop.now))
 
     def _pull(self, w: SimWorker) -> None:
         order = self.core.issue(w.index, self.loop.now)
@@ -178,7 +183,16 @@ class Simulator:
         return net.push_overhead_s + float(draw)
 
     def _arrived(self, p: Push, report: StepReport) -> None:
+        """The push is in; if the PS counted its worker gone while it crossed, it is lost with a departed
+        worker (as a real one's, cut mid-stream or refused), and a running worker registers again first."""
         p.arrived = now = self.loop.now
+        if p.worker not in self.core.members.registered:
+            w = self.workers[p.worker]
+            if self.lives[p.id] != w.life:
+                del self.lives[p.id]
+                self.learner.done(self.works.pop(p.id))
+                return
+            self._execute(self.core.register(w.index, w.registered, now))
         self.rec.step(p.worker, p.base_version, p.samples, report)
         self._execute(self.core.push(p, report, now))
 
