@@ -210,3 +210,12 @@ def test_a_fixed_size_run_stops_waiting_for_a_worker_that_leaves_until_it_pushes
     assert h.core.version == 2
     h.push(2, 1.0, base=2)
     assert 2 in h.core.members.active, "it rejoins by pushing"
+
+
+def test_a_push_read_while_its_worker_left_is_dropped_and_counted():
+    h = Harness(workers=3, protocol={"name": "asp"}, bounds=ELASTIC)
+    h.run(h.core.leave(2, h.now))  # between the check of its push's header and the push's arrival
+    p = h.push(2, 1.0, check=False)
+    assert h.counts["dropped:left"] == 1 and not h.releases[p].outcome.applied
+    assert 2 not in h.core.members.last_seen, "a departed worker's push does not bring it back"
+    h.check_books()

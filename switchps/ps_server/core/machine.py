@@ -161,6 +161,9 @@ class Core:
 
     def push(self, p: Push, report: StepReport, now: float) -> list[Action]:
         """A validated push arrived (the driver holds its buffer until a ``Join`` or ``Free`` names it)."""
+        if p.worker not in self.members.registered:  # it left (an elastic run) while its push was read
+            self.outbox.drop(p, "left", self.version)
+            return self._flush(now)
         self.members.last_seen[p.worker] = now
         if self.receipts.seen(p):
             self.outbox.retried(p, [*self.switching.protocol.rule.waiting(), *self.lifecycle.paused], self.version)
