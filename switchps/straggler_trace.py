@@ -8,9 +8,10 @@ lives here, below both, so that neither side imports the other. Delays are kept 
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
+
+from switchps import csvfile
 
 TRACE_COLUMNS = ("worker", "step", "sleep_s", "factor", "comm_s")
 TRACE_FILE_COLUMNS = ("time_s", *TRACE_COLUMNS)
@@ -42,16 +43,11 @@ def load_trace(path: str | Path) -> dict[tuple[int, int], StepDelays]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"straggler trace not found: {path}")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
-        out: dict[tuple[int, int], StepDelays] = {}
-        for line, row in enumerate(reader, start=2):
-            try:
-                key = (int(row["worker"]), int(row["step"]))
-                out[key] = StepDelays(float(row["sleep_s"]), float(row["factor"]), float(row["comm_s"]))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{line}: bad row ({e})") from None
+    out: dict[tuple[int, int], StepDelays] = {}
+    for line, row in csvfile.rows(path, TRACE_COLUMNS):
+        try:
+            key = (int(row["worker"]), int(row["step"]))
+            out[key] = StepDelays(float(row["sleep_s"]), float(row["factor"]), float(row["comm_s"]))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{line}: bad row ({e})") from None
     return out

@@ -11,13 +11,13 @@ so that a bad one is a config error naming ``churn.trace`` before anything start
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from switchps import csvfile
 from switchps.config.cluster import Cluster
 from switchps.config.schema import Role, Section
 
@@ -74,12 +74,7 @@ def read_trace(path: str | Path, start: int, max_workers: int) -> list[Change]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (want {','.join(TRACE_COLUMNS)})")
-        rows = [(line, _change(row, path, line, max_workers)) for line, row in enumerate(reader, start=2)]
+    rows = [(line, _change(row, path, line, max_workers)) for line, row in csvfile.rows(path, TRACE_COLUMNS)]
     running = set(range(start))
     for line, c in sorted(rows, key=lambda r: r[1].time_s):
         if (c.worker in running) == (c.event == "join"):
