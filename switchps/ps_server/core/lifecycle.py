@@ -6,7 +6,7 @@ epochs or seconds), measured by ``progress``. A run restarted from a checkpoint 
 
 An elastic run (``Membership.bounds``) starts once its starting count registered; then a worker may join
 (register with a new index below ``max``) at any time and counts at once; a member silent for
-``leave_after_s`` (neither pushing nor registering, and no push of its waiting for a reply) leaves for
+``leave_after_s`` (no push, pull or reply, and no push of its waiting for a reply) leaves for
 good; N follows. Below ``min`` members training pauses: pushes wait, unapplied, until enough join.
 """
 from __future__ import annotations

@@ -99,7 +99,7 @@ class Core:
     def issue(self, worker: int, now: float, step: bool = False) -> WorkOrder:
         """``work_order``, given to ``worker`` at ``now``: it bounds the worker's next push (``orders``).
         ``step``: a new step's order (a push's reply), not the same step's again (a registration, a pull)."""
-        if worker in self.members.last_seen:  # a pull: the worker is there
+        if worker in self.members.last_seen:  # a pull or a push's reply: the worker is there
             self.members.last_seen[worker] = now
         return self.orders.issue(worker, self.work_order(worker), now, step)
 
@@ -262,11 +262,7 @@ class Core:
     def _flush(self, now: float) -> list[Action]:
         """The event's actions; replies last, with work orders as the event left things (a switch that
         completed with a round already reaches the workers that round releases)."""
-        out, replies = self.outbox.take()
-        seen = self.members.last_seen
-        for p, _ in replies:  # a worker is silent from its reply on, not while it waited for it
-            if p.worker in seen:
-                seen[p.worker] = now
+        out, replies = self.outbox.take()  # ``issue`` notes each: silent from its reply on, not while it waited
         return out + [Release(p.id, p.worker, o, self.issue(p.worker, now, step=True)) for p, o in replies]
 
     def _run(self, e: Effect, now: float, settle: bool = True) -> None:
