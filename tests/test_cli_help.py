@@ -51,6 +51,15 @@ def _help(args: list[str]) -> str:
     return out.stdout
 
 
+def _forms(command: list[str]) -> list[str]:
+    """The forms of sub-command ``command`` (``export``: ``model``, ``mlflow``), if it has any."""
+    if not command:
+        return []
+    [sub] = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sorted(name for a in sub.choices[command[0]]._actions if isinstance(a, argparse._SubParsersAction)
+                  for name in a.choices)
+
+
 def _lists(help_text: str, option: str) -> bool:
     """Whether ``help_text`` describes ``option`` in its list of options (not merely in the usage line)."""
     return re.search(rf"(?m)^ +(?:-\w, )?{re.escape(option)}\b", help_text) is not None
@@ -76,6 +85,8 @@ def test_the_readme_shows_options_for_the_entry_points() -> None:
 def test_help_prints_usage_and_the_options_the_readme_shows(command: list[str]) -> None:
     text = _help([SWITCHPS, *command])
     assert text.startswith(f"usage: switchps {' '.join(command)}".rstrip())
+    for form in _forms(command):  # a command with forms (`export model|mlflow`): their options count too
+        text += _help([SWITCHPS, *command, form])
     documented = SWITCHPS_OPTIONS[tuple(command)] if command else {"--version"}  # README: `switchps --version`
     assert all(_lists(text, option) for option in documented), (documented, text)
 

@@ -42,7 +42,7 @@ ALLOWED: tuple[str, ...] = (
     "name", "cluster.ps", "cluster.bind", "cluster.startup_timeout_s", "cluster.reconnect_s", "cluster.leave_after_s",
     "cluster.max_restarts", "cluster.ray", "optimizer.learning_rate", "optimizer.schedule",
     "optimizer.clip_norm", "optimizer.global_clip_norm", "protocol", "train", "eval",
-    "output", "runtime", "device", "network", "stragglers", "policy", "checkpoint", "security",
+    "output", "runtime", "device", "network", "stragglers", "policy", "checkpoint", "security", "churn",
 )
 """Fields a resume may change: how the run is driven, not what it trains. The protocol and policy state
 in force at the checkpoint are restored from it (a policy may have switched the protocol)."""
