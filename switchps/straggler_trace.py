@@ -9,6 +9,7 @@ lives here, below both, so that neither side imports the other. Delays are kept 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from switchps import csvfile
@@ -50,4 +51,27 @@ def load_trace(path: str | Path) -> dict[tuple[int, int], StepDelays]:
             out[key] = StepDelays(float(row["sleep_s"]), float(row["factor"]), float(row["comm_s"]))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}:{line}: bad row ({e})") from None
+    return out
+
+
+def worker_trace(path: str | Path, worker: int) -> dict[int, StepDelays]:
+    """One worker's rows of a stragglers.csv as {step: StepDelays} (read-only: shared between callers).
+
+    The file is read once per process and version (path, size, modification time), not once per worker:
+    a simulated run builds one reader per worker, and 1,024 workers replaying a 365,000-row trace each
+    reading the whole file spent over an hour parsing it.
+    """
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"straggler trace not found: {path}")
+    st = path.stat()
+    return _by_worker(path, st.st_size, st.st_mtime_ns).get(worker, {})
+
+
+@lru_cache(maxsize=4)
+def _by_worker(path: Path, size: int, mtime_ns: int) -> dict[int, dict[int, StepDelays]]:
+    """``load_trace`` grouped by worker; the size and time are part of the cache key only."""
+    out: dict[int, dict[int, StepDelays]] = {}
+    for (w, step), d in load_trace(path).items():
+        out.setdefault(w, {})[step] = d
     return out

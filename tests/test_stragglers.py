@@ -266,6 +266,32 @@ def test_trace_replays_exactly(tmp_path: Path) -> None:
         assert replay.beyond_trace == 1
 
 
+def test_trace_is_read_once_for_all_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simulated run builds one injector per worker: they share one reading of the file, until it changes."""
+    import switchps.straggler_trace as trace_module
+
+    spec = StragglerSpec(mixture=MixtureSpec(preset="niagara", scale=0.1))
+    path = tmp_path / "stragglers.csv"
+    recorded = write_trace(path, spec, steps=5, num_workers=8)
+    reads: list[Path] = []
+    real_rows = trace_module.csvfile.rows
+
+    def counted(p: Path, columns: tuple[str, ...]) -> object:
+        reads.append(p)
+        return real_rows(p, columns)
+
+    monkeypatch.setattr(trace_module.csvfile, "rows", counted)
+    trace_module._by_worker.cache_clear()
+    replays = [StragglerInjector(StragglerSpec(trace=str(path)), seed=0, worker=w, num_workers=8) for w in range(8)]
+    assert len(reads) == 1
+    assert [[r.plan(k, 0.0) for k in range(5)] for r in replays] == [[recorded[w, k] for k in range(5)] for w in range(8)]
+
+    write_trace(path, StragglerSpec(slowdown=SlowdownSpec(factors={3: 2.0})), steps=6, num_workers=8)
+    again = StragglerInjector(StragglerSpec(trace=str(path)), seed=0, worker=3, num_workers=8)
+    assert len(reads) == 2
+    assert again.plan(5, 0.0).factor == 2.0
+
+
 def test_trace_errors(tmp_path: Path) -> None:
     missing = tmp_path / "nope.csv"
     with pytest.raises(FileNotFoundError, match="nope.csv"):

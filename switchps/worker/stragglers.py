@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from switchps.step_random import StepRandom, Stream
-from switchps.straggler_trace import StepDelays, load_trace
+from switchps.straggler_trace import StepDelays, worker_trace
 from switchps.config.stragglers import StragglerSpec
 from switchps.worker.episodes import Episode, shared as shared_episodes
 
@@ -47,7 +47,7 @@ class StragglerInjector:
 
         self._trace: dict[int, StepDelays] | None = None
         if spec.trace is not None:
-            self._trace = {s: d for (w, s), d in load_trace(spec.trace).items() if w == worker}
+            self._trace = worker_trace(spec.trace, worker)
             self._trace_end = max(self._trace, default=-1)
 
         m = spec.mixture
