@@ -11,7 +11,8 @@ ASP, pushes through shared memory; ``--shards`` PS shards on this host), ``--ste
   (the module and ``torch.optim.SGD`` alone), measured first, with ``gpu.computer``'s (the same steps with
   switchps's gradient computer and its host copies, no PS).
 
-utilization = steps a second on one device × the device's own compute time a step: each worker's on the
+utilization = steps a second on one device × the device's own compute time a step (steps: the samples the PS
+applied ÷ the batch, so that under local steps each of a round's H steps counts): each worker's on the
 emulated device (each worker emulates one), all workers' together on a GPU (they share it). Per case, in
 ms: ``compute`` (the median step on a worker, its host copies included: ``workers.csv``), ``copy``
 (``compute`` beyond the device's own time: on a GPU the payload's and the values' copies, and with several
@@ -128,7 +129,8 @@ def case(args: argparse.Namespace, workers: int, shards: int, data: Path, out: P
     run = launched(parse_config(case_config(args, workers, shards, data, out)))
     summary, steps = run.summary, run.steps
     wall, updates = summary["wall_time_s"], summary["updates"]
-    per_worker = updates / wall / workers
+    computed = summary["samples"] / args.batch  # steps computed: an update each, or (local steps) H each
+    per_worker = computed / wall / workers
     per_device = per_worker if args.device == "cpu" else per_worker * workers
     compute, period = median_ms(steps, "compute_s"), 1e3 / per_worker
     ps_cpu = sum(r["cpu_percent_mean"] for role, r in (summary.get("resources") or {}).items()
@@ -139,7 +141,8 @@ def case(args: argparse.Namespace, workers: int, shards: int, data: Path, out: P
             "followers_apply_ms": [r["mean_apply_ms"] for r in run.shards],
             "ps_cpu_ms": round(1e3 * ps_cpu / 100 * wall / updates, 3),
             "wait_ms": round(period - compute, 3), "round_trip_ms": median_ms(steps, "send_s"),
-            "updates": updates, "wall_time_s": wall, "pushes_rejected": summary["pushes_rejected"]}
+            "updates": updates, "steps_per_update": round(computed / updates, 3), "wall_time_s": wall,
+            "pushes_rejected": summary["pushes_rejected"]}
 
 
 def main() -> None:
