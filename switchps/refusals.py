@@ -28,5 +28,22 @@ def unknown_worker(worker: int) -> Rejected:
     return invalid("unknown_worker", f"{UNKNOWN_WORKER} {worker}")
 
 
+INDEX_IN_USE = "worker index in use"
+"""What a refusal of a second live process at a worker's index says first: a restarted worker retries until
+the first process's lease lapses (``cluster.lease_s``)."""
+
+
+def index_in_use(worker: int, silent_s: float, lease_s: float) -> Rejected:
+    return Rejected("ALREADY_EXISTS", "index_in_use",
+                    f"{INDEX_IN_USE} {worker}: another live process holds it (heard from {silent_s:.1f}s ago); "
+                    f"a second process may take it once the first has been silent for cluster.lease_s "
+                    f"({lease_s:g}s)")
+
+
+def superseded(worker: int) -> Rejected:
+    return precondition("superseded", f"worker {worker}'s index is held by a newer process, which took it after "
+                                      "this one was silent for cluster.lease_s: this process must stop")
+
+
 def precondition(reason: str, message: str) -> Rejected:
     return Rejected("FAILED_PRECONDITION", reason, message)

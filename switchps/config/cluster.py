@@ -52,6 +52,11 @@ class Cluster(Section):
     leave_after_s: float = Field(300.0, gt=0, le=86400)
     """Elastic runs: a member neither pushing nor registering for this long has left for good and is removed
     from N (a fixed-size run keeps a silent worker, excluded, until it comes back)."""
+    lease_s: float = Field(10.0, gt=0, le=86400)
+    """A worker process holds its index while the PS has heard from it within this long (a push, pull or reply,
+    or a push waiting for one): a second process registering at that index meanwhile is refused
+    (`ALREADY_EXISTS`, counted) and retries; once the first was silent this long the second takes the index and
+    the first's pushes are refused. A restarted worker waits at most this long; keep it above a step's time."""
     max_restarts: int = Field(3, ge=0, le=1000)
     """`switchps run` restarts a PS process that died, from its checkpoint, this many times."""
     ray: RaySpec = Field(default_factory=RaySpec)

@@ -59,7 +59,7 @@ class LocalSteps(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., batch: _Optional[int] = ..., inner_optimizer: _Optional[str] = ..., reset_inner_state: _Optional[bool] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker", "layout", "partition_size", "shard_partition", "framework", "device", "local_steps")
+    __slots__ = ("worker", "layout", "partition_size", "shard_partition", "framework", "device", "local_steps", "session")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PARTITION_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class RegisterRequest(_message.Message):
     FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     worker: int
     layout: Layout
     partition_size: int
@@ -74,7 +75,8 @@ class RegisterRequest(_message.Message):
     framework: str
     device: str
     local_steps: bool
-    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., partition_size: _Optional[int] = ..., shard_partition: _Optional[str] = ..., framework: _Optional[str] = ..., device: _Optional[str] = ..., local_steps: _Optional[bool] = ...) -> None: ...
+    session: int
+    def __init__(self, worker: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., partition_size: _Optional[int] = ..., shard_partition: _Optional[str] = ..., framework: _Optional[str] = ..., device: _Optional[str] = ..., local_steps: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("send_init", "order", "num_workers")
@@ -227,10 +229,12 @@ class EvalReport(_message.Message):
     def __init__(self, version: _Optional[int] = ..., test_loss: _Optional[float] = ..., test_accuracy: _Optional[float] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("worker",)
+    __slots__ = ("worker", "session")
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     worker: int
-    def __init__(self, worker: _Optional[int] = ...) -> None: ...
+    session: int
+    def __init__(self, worker: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

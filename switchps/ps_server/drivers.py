@@ -31,7 +31,8 @@ def build_core(cfg: RunConfig) -> Core:
                 on_switch=p.on_switch, momentum=configured_momentum(cfg.optimizer.name, cfg.optimizer.params),
                 policy=make_policy(p.name, p.kwargs) if p.name else None, every_k=p.every_k, window=p.window,
                 targets=p.protocols, pipeline=cfg.runtime.pipeline, optimizer=cfg.optimizer,
-                bounds=Bounds(e.min, e.max, cfg.cluster.leave_after_s) if (e := cfg.cluster.elastic) else None)
+                bounds=Bounds(e.min, e.max, cfg.cluster.leave_after_s) if (e := cfg.cluster.elastic) else None,
+                lease_s=cfg.cluster.lease_s)
 
 
 def check_resumable(run_dir: Path) -> Checkpoint | None:

@@ -40,7 +40,7 @@ unchanged (a changed name is the one line reported)."""
 
 ALLOWED: tuple[str, ...] = (
     "name", "cluster.ps", "cluster.bind", "cluster.startup_timeout_s", "cluster.reconnect_s", "cluster.leave_after_s",
-    "cluster.max_restarts", "cluster.ray", "optimizer.learning_rate", "optimizer.schedule",
+    "cluster.lease_s", "cluster.max_restarts", "cluster.ray", "optimizer.learning_rate", "optimizer.schedule",
     "optimizer.clip_norm", "optimizer.global_clip_norm", "protocol", "train", "eval",
     "output", "runtime", "device", "network", "stragglers", "policy", "checkpoint", "security", "churn",
 )

@@ -4,7 +4,9 @@
 down), with exponential backoff, for ``cluster.reconnect_s``; after an outage it runs the caller's
 ``rejoin`` (a worker registers again) before the retry. If the PS does not come back it raises
 ``PSUnreachable``, which the roles report in one line. A worker the PS no longer counts (it left an elastic
-run after ``cluster.leave_after_s`` of silence, e.g. a long pause) registers again and retries, once.
+run after ``cluster.leave_after_s`` of silence, e.g. a long pause) registers again and retries, once. A
+worker whose index another live process holds (``refusals.index_in_use``: this one restarted while the old
+one's lease runs) retries as through an outage, until that lease lapses or ``cluster.reconnect_s`` ends.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from switchps.security.auth import METADATA_KEY
 from switchps.security.channels import ClientSecurity
 from switchps.errors import PSUnreachable
-from switchps.refusals import UNKNOWN_WORKER
+from switchps.refusals import INDEX_IN_USE, UNKNOWN_WORKER
 from switchps.protos import switchps_pb2 as pb
 from switchps.protos.codec import (
     COPIES, DEFAULT_CHUNK_BYTES, decode_header, encode, encode_array, grpc_options, receive_into, whole_frame,
@@ -65,18 +67,26 @@ class Reconnect:
                                 self.address, e.details())
                     left = True
                     continue
-                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                in_use = _in_use(e)
+                if e.code() != grpc.StatusCode.UNAVAILABLE and not in_use:
                     raise
                 if down_since is None:
                     down_since = time.monotonic()
-                    self.outages += 1
-                    log.warning("the PS at %s is unreachable (%s); retrying for up to %.0fs", self.address,
-                                e.details(), self.reconnect_s)
+                    self.outages += not in_use
+                    log.warning("the PS at %s %s; retrying for up to %.0fs", self.address,
+                                f"refused: {e.details()}" if in_use else f"is unreachable ({e.details()})",
+                                self.reconnect_s)
                 if time.monotonic() - down_since > self.reconnect_s:
-                    raise PSUnreachable(f"the PS at {self.address} did not come back within "
-                                        f"{self.reconnect_s:.0f}s (cluster.reconnect_s)") from None
+                    what = f"still refused: {e.details()}" if in_use else "did not come back"
+                    raise PSUnreachable(f"the PS at {self.address} {what} within {self.reconnect_s:.0f}s "
+                                        "(cluster.reconnect_s)") from None
                 time.sleep(delay)
                 delay = min(2 * delay, 1.0)
+
+
+def _in_use(e: grpc.RpcError) -> bool:
+    """Whether ``e`` refuses a registration at an index another live process holds (``refusals.index_in_use``)."""
+    return e.code() == grpc.StatusCode.ALREADY_EXISTS and (e.details() or "").startswith(INDEX_IN_USE)
 
 
 def _left(e: grpc.RpcError) -> bool:
@@ -147,22 +157,24 @@ class PSClient:
 
     def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True,
                  shard_partition: str = "", framework: str = "", device: str = "",
-                 local_steps: bool = False) -> pb.RegisterReply:
+                 local_steps: bool = False, session: int = 0) -> pb.RegisterReply:
         """Register (again, after an outage: ``wait=False`` fails at once if the PS is still down), saying
-        which framework computes, on which device (the PS refuses a second framework), and whether the
-        caller's loop can take local steps (the PS refuses one that cannot while they are in force)."""
+        which framework computes, on which device (the PS refuses a second framework), whether the
+        caller's loop can take local steps (the PS refuses one that cannot while they are in force), and
+        which process this is (``session``: the PS refuses a second live one at the same index)."""
         return self._register(pb.RegisterRequest(worker=worker, layout=layout, partition_size=partition_size,
                                                  shard_partition=shard_partition, framework=framework,
-                                                 device=device, local_steps=local_steps),
+                                                 device=device, local_steps=local_steps, session=session),
                               timeout=self.timeout_s, wait_for_ready=wait,
                               metadata=self._md)
 
     def status(self) -> pb.Status:
         return self._status(pb.StatusRequest(), timeout=self.timeout_s, metadata=self._md)
 
-    def leave(self, worker: int) -> pb.Status:
-        """Say worker ``worker`` is ending (``LeaveRequest``)."""
-        return self._leave(pb.LeaveRequest(worker=worker), timeout=self.timeout_s, metadata=self._md)
+    def leave(self, worker: int, session: int = 0) -> pb.Status:
+        """Say worker ``worker`` (process ``session``, as it registered) is ending (``LeaveRequest``)."""
+        return self._leave(pb.LeaveRequest(worker=worker, session=session), timeout=self.timeout_s,
+                           metadata=self._md)
 
     def report_eval(self, version: int, test_loss: float, test_accuracy: float, final: bool = False) -> pb.Status:
         return self._eval(pb.EvalReport(version=version, test_loss=test_loss, test_accuracy=test_accuracy,

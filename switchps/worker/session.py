@@ -55,10 +55,12 @@ class Session:
         self.client = connect(cfg.cluster.shards, layout, cfg.runtime.shard_max_bytes, cfg.runtime.chunk_bytes,
                               security)
         self._leaving = lambda: PSClient(cfg.cluster.shards[0], timeout_s=2.0, security=security)
+        self.session = 1 + secrets.randbelow(2**31 - 1)
+        """This process, as it names itself to the PS: its registration and its pushes (never 0, unnamed)."""
 
         def join(wait: bool = True) -> None:  # ready: the PS starts the clock once every worker is
             if self.client.register(index, layout, partition_size, wait, framework=framework, device=device,
-                                    local_steps=local_steps).send_init:  # the PS has no model yet
+                                    local_steps=local_steps, session=self.session).send_init:  # the PS has no model yet
                 self.client.init(index, layout, read())
             if cfg.runtime.shared_memory and self.client.attach(index, wire_nbytes(size, cfg.runtime.wire_dtype)):
                 log.info("worker %d: pushes through shared memory (the PS is on this host)%s", index,
@@ -66,7 +68,6 @@ class Session:
 
         self.retry = Reconnect(self.client.address, cfg.cluster.reconnect_s, rejoin=lambda: join(wait=False))
         self.retry(join)  # a sharded PS answers UNAVAILABLE until its shards have attached
-        self.session = secrets.randbits(31)
         self.order = pb.WorkOrder()
         self.received_at = self.clock.now()
         """When the latest reply arrived: AMB's time budget counts from it."""
@@ -135,7 +136,7 @@ class Session:
         the middle of a call); a PS that is gone already is no error."""
         client = self._leaving()
         try:
-            client.leave(self.index)
+            client.leave(self.index, self.session)
         except grpc.RpcError as e:
             log.info("worker %d: the PS did not hear it leave (%s)", self.index, e.code().name)
         finally:

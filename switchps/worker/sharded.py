@@ -52,12 +52,14 @@ class ShardedClient:
         self._pool = ThreadPoolExecutor(len(addresses) - 1, thread_name_prefix="switchps-shard")
 
     def register(self, worker: int, layout: pb.Layout, partition_size: int, wait: bool = True,
-                 framework: str = "", device: str = "", local_steps: bool = False) -> pb.RegisterReply:
+                 framework: str = "", device: str = "", local_steps: bool = False,
+                 session: int = 0) -> pb.RegisterReply:
         """Shard 0's registration; it answers once every follower has attached, so each follower is serving,
         and its channel is waited for here: after an outage, gRPC would fail a part sent before the channel
         reconnects at once, and shard 0 would wait ``receive_timeout_s`` for it."""
         reply = self.clients[0].register(worker, layout, partition_size, wait, shard_partition=self.partition.digest,
-                                         framework=framework, device=device, local_steps=local_steps)
+                                         framework=framework, device=device, local_steps=local_steps,
+                                         session=session)
         for c in self.clients[1:]:
             c.wait_ready(FOLLOWER_READY_S)
         return reply

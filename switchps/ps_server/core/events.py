@@ -113,6 +113,10 @@ class Membership:
     """Workers whose loop cannot take local steps (a user's own), as they said when they registered."""
     bounds: Bounds | None = None
     """Elastic membership's bounds; None: a fixed-size run."""
+    sessions: dict[int, int] = field(default_factory=dict)
+    """The process (its random session) holding each worker index, as it named itself when it registered."""
+    lease_s: float = 10.0
+    """A process holds its index while heard from within this long: a second one is refused meanwhile."""
 
     @property
     def capacity(self) -> int:
@@ -136,7 +140,7 @@ class Membership:
 
     def remove(self, worker: int) -> None:
         """Forget a member that left for good."""
-        for held in (self.registered, self.last_seen):
+        for held in (self.registered, self.last_seen, self.sessions):
             held.pop(worker, None)
         for held_set in (self.active, self.excluded, self.gradients_only):
             held_set.discard(worker)

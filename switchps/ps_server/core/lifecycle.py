@@ -8,9 +8,15 @@ An elastic run (``Membership.bounds``) starts once its starting count registered
 (register with a new index below ``max``) at any time and counts at once; a member silent for
 ``leave_after_s`` (no push, pull or reply, and no push of its waiting for a reply) leaves for
 good; N follows. Below ``min`` members training pauses: pushes wait, unapplied, until enough join.
+
+A worker index is held by the process that registered it (the random session it names; 0, naming none, is
+never checked): a second process registering at a registered index is refused while the holder is heard from
+(a push, pull or reply within ``Membership.lease_s``, or a push of its waiting for a reply), and takes the index
+once the holder was silent that long; the holder's pushes are then refused as ``superseded``.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +25,7 @@ from switchps.policies.base import Decision
 from switchps.ps_server.core.actions import Record
 from switchps.ps_server.core.aggregation import AggregationRule
 from switchps.ps_server.core.events import Membership, Push, absolute, relative
-from switchps.refusals import invalid, precondition, unknown_worker
+from switchps.refusals import index_in_use, invalid, precondition, superseded, unknown_worker
 
 MAX_PARTITION_SIZE = 2**40
 """The most samples a worker may say its data partition holds."""
@@ -53,13 +59,27 @@ class Lifecycle:
         if not 0 < partition_size <= MAX_PARTITION_SIZE:
             raise invalid("partition_size", f"partition size {partition_size} must be in [1, {MAX_PARTITION_SIZE}]")
 
-    def check_registered(self, worker: int) -> None:
+    def check_holder(self, worker: int, session: int, now: float, waiting: Collection[int]) -> None:
+        """Raise ``Rejected`` if process ``session`` may not take index ``worker``: another process holds it
+        and was heard from within ``lease_s`` (``waiting``: workers whose push waits for a reply)."""
+        m = self.members
+        held = m.sessions.get(worker, 0)
+        if 0 in (session, held) or held == session or worker not in m.registered:
+            return
+        silent = now - m.last_seen.get(worker, now - m.lease_s)
+        if worker in waiting or silent < m.lease_s:
+            raise index_in_use(worker, silent, m.lease_s)
+
+    def check_registered(self, worker: int, session: int = 0) -> None:
+        """Raise ``Rejected`` unless ``worker`` is registered, by process ``session`` (0: not checked)."""
         if worker not in self.members.registered:
             raise unknown_worker(worker)
+        if session != 0 and self.members.sessions.get(worker, session) != session:
+            raise superseded(worker)
 
-    def check_push(self, worker: int) -> None:
-        """Raise ``Rejected`` unless ``worker`` registered and training has started."""
-        self.check_registered(worker)
+    def check_push(self, worker: int, session: int = 0) -> None:
+        """Raise ``Rejected`` unless ``worker`` registered (by process ``session``) and training has started."""
+        self.check_registered(worker, session)
         if self.started_at is None:
             raise precondition("not_started", "training has not started")
 
@@ -70,12 +90,15 @@ class Lifecycle:
             raise invalid("version", f"base version {base_version} is not in [0, {version}]")
 
     def register(self, worker: int, partition_size: int, now: float, version: int,
-                 local_steps: bool = True) -> list[Record]:
-        """A worker registers (again, after a restart: it rejoins), saying whether it can take local steps;
-        ``Rejected`` unless it is plausible."""
+                 local_steps: bool = True, session: int = 0, waiting: Collection[int] = ()) -> list[Record]:
+        """Process ``session`` registers as ``worker`` (again, after a restart: it rejoins), saying whether it
+        can take local steps; ``Rejected`` unless it is plausible and the index is free to it."""
         self.check_register(worker, partition_size)
+        self.check_holder(worker, session, now, waiting)
         rejoin = worker in self.members.registered
         self.members.registered[worker] = partition_size
+        if session != 0:
+            self.members.sessions[worker] = session
         (self.members.gradients_only.discard if local_steps else self.members.gradients_only.add)(worker)
         self.members.last_seen[worker] = now
         self.first_register = now if self.first_register is None else self.first_register  # 0.0 is a time
@@ -207,6 +230,7 @@ class Lifecycle:
         m.active, m.excluded = set(d["active"]), set(d["excluded"])
         m.last_seen = {int(w): now + t for w, t in d["last_seen"].items()}
         m.gradients_only = set(d.get("gradients_only", ()))  # a checkpoint from before local steps has none
+        m.sessions = {}  # the processes register again: the first at each index holds it
         for w in [w for w in m.registered if w >= m.capacity]:  # a resume lowered the bound: they left
             m.remove(w)
         self.initialized = d["initialized"]

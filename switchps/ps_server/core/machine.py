@@ -48,10 +48,12 @@ class Core:
                  startup_timeout_s: float = 120.0, on_switch: SwitchSpec | None = None, momentum: float = 0.0,
                  policy: Policy | None = None, every_k: int = 10, window: int = 5,
                  targets: Sequence[ProtocolSpec] = (), pipeline: Pipeline = Pipeline(),
-                 optimizer: OptimizerSpec | None = None, bounds: Bounds | None = None) -> None:
-        """``num_workers``: the workers the run starts with; ``bounds``: an elastic run's membership."""
+                 optimizer: OptimizerSpec | None = None, bounds: Bounds | None = None,
+                 lease_s: float = 10.0) -> None:
+        """``num_workers``: the workers the run starts with; ``bounds``: an elastic run's membership;
+        ``lease_s``: how long a process holds its worker index after it was last heard from."""
         self.pipeline = pipeline
-        self.lifecycle = Lifecycle(train, Membership(num_workers, bounds=bounds), startup_timeout_s)
+        self.lifecycle = Lifecycle(train, Membership(num_workers, bounds=bounds, lease_s=lease_s), startup_timeout_s)
         self.switching = Switching(protocol, on_switch or SwitchSpec(), momentum, self.lifecycle.members, targets,
                                    optimizer)
         self.consulting = Consulting(policy, every_k, window, self.members.capacity)
@@ -112,10 +114,13 @@ class Core:
         """When ``timer`` should next be called, if ever."""
         return self.lifecycle.next_timer(self.switching.protocol.rule)
 
-    def check_register(self, worker: int, partition_size: int, local_steps: bool = True) -> None:
-        """Raise ``Rejected`` unless a worker index and partition size are plausible, and the worker can take
-        local steps if the protocol in force has them."""
+    def check_register(self, worker: int, partition_size: int, local_steps: bool = True, session: int = 0,
+                       now: float = 0.0) -> None:
+        """Raise ``Rejected`` unless a worker index and partition size are plausible, the index is free to
+        process ``session`` at ``now`` (``Lifecycle.check_holder``), and the worker can take local steps if
+        the protocol in force has them."""
         self.lifecycle.check_register(worker, partition_size)
+        self.lifecycle.check_holder(worker, session, now, self.lifecycle.waiting(self.switching.protocol.rule))
         self._check_local(worker, local_steps)
 
     def _check_local(self, worker: int, local_steps: bool) -> None:
@@ -132,18 +137,22 @@ class Core:
         """Raise ``Rejected`` unless a push with this header may enter (checked before its payload is read):
         from a registered worker once training started, within what its work order allows (``orders``), its
         step following its last one (``receipts``), on a version this core has made (``lifecycle``)."""
-        self.lifecycle.check_push(worker)
+        self.lifecycle.check_push(worker, session)
         self.orders.check(worker, samples, report, now, now - _or(self.lifecycle.first_register, now))
         self.receipts.check(worker, session, report.step)
         self.lifecycle.check_version(base_version, self.version)
 
     # ---- events -----------------------------------------------------------------------------
 
-    def register(self, worker: int, partition_size: int, now: float, local_steps: bool = True) -> list[Action]:
-        """A worker registers (again, after a restart: it rejoins). Raises ``Rejected`` for a bad one."""
+    def register(self, worker: int, partition_size: int, now: float, local_steps: bool = True,
+                 session: int = 0) -> list[Action]:
+        """Process ``session`` registers as ``worker`` (again, after a restart: it rejoins). Raises
+        ``Rejected`` for a bad one."""
         self._check_local(worker, local_steps)  # the lifecycle checks the rest
         was, paused = self.members.num_workers, self.members.paused
-        self.outbox.add(self.lifecycle.register(worker, partition_size, now, self.version, local_steps))
+        waiting = self.lifecycle.waiting(self.switching.protocol.rule)
+        self.outbox.add(self.lifecycle.register(worker, partition_size, now, self.version, local_steps, session,
+                                                waiting))
         if self.started_at is not None and self.members.num_workers != was:  # an elastic run grew
             self._membership_changed(paused, now)
         self._maybe_start(now)
@@ -208,10 +217,11 @@ class Core:
                 self._run(self.switching.protocol.rule.on_timer(self.members, now), now)
         return self._flush(now)
 
-    def leave(self, worker: int, now: float) -> list[Action]:
-        """Worker ``worker`` says it is ending: an elastic run counts it gone; a fixed-size one stops waiting
-        for it until it pushes again (``worker_exited``). Raises ``Rejected`` for a worker not registered."""
-        self.lifecycle.check_registered(worker)
+    def leave(self, worker: int, now: float, session: int = 0) -> list[Action]:
+        """Worker ``worker`` (process ``session``) says it is ending: an elastic run counts it gone; a
+        fixed-size one stops waiting for it until it pushes again (``worker_exited``). Raises ``Rejected`` for
+        a worker not registered, or a process that no longer holds the index."""
+        self.lifecycle.check_registered(worker, session)
         if self.members.bounds is not None:
             self._leave([worker], "exited", now)
         elif worker in self.members.active:

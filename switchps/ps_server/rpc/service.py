@@ -174,12 +174,12 @@ class ParameterServer:
             req = parse(body, pb.RegisterRequest)
             as_worker(self.guard, ctx, req.worker, "Register")
             check_layout(req.layout, self.max_model_bytes)
-            self.core.check_register(req.worker, req.partition_size, req.local_steps)
+            self.core.check_register(req.worker, req.partition_size, req.local_steps, req.session, self.clock())
             first = self.layout is None
             framework = same_framework(req, self.framework)
             same_wire(req, self.store.wire)
             self.layout = self.admission.adopt(req, self.layout)
-            actions = self.core.register(req.worker, req.partition_size, self.clock(), req.local_steps)
+            actions = self.core.register(req.worker, req.partition_size, self.clock(), req.local_steps, req.session)
         except Rejected as r:
             await self._reject(ctx, "register", r)
         self.framework = framework
@@ -193,7 +193,7 @@ class ParameterServer:
         try:
             req = parse(body, pb.LeaveRequest)
             as_worker(self.guard, ctx, req.worker, "Leave")
-            actions = self.core.leave(req.worker, self.clock())
+            actions = self.core.leave(req.worker, self.clock(), req.session)
         except Rejected as r:
             await self._reject(ctx, "leave", r)
         self._execute(actions)
