@@ -1,10 +1,12 @@
-"""`switchps role` from the command line, and examples/slurm/train.sbatch on a real SLURM cluster.
+"""`switchps role` from the command line, and examples/slurm/train.sbatch (and add_workers.sbatch, which
+grows an elastic run) on a real SLURM cluster.
 
 The integration test needs a running cluster (`bash scripts/slurm-localhost.sh up`, as root); it never
 starts one itself: it skips, saying why, when there is none, and fails under ``CI``, whose `.ci/run` starts one."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,10 +27,12 @@ pytest_plugins = ["slurm_local"]  # slurm_cluster: a running SLURM, or a skip (a
 
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
+ADD_WORKERS = ROOT / "examples" / "slurm" / "add_workers.sbatch"
 CONFIG = ROOT / "examples" / "slurm" / "train.yaml"
 BIN = Path(sys.executable).parent
 SWITCHPS = str(BIN / "switchps")
 CLUSTER_ENV = ("SLURM_", "SWITCHPS_ROLE", "SWITCHPS_PS_HOST", "JOB_COMPLETION_INDEX", "TF_CONFIG")
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
 
 def clean_env() -> dict[str, str]:
@@ -70,11 +75,15 @@ def job_config(tmp_path: Path, shards: int = 1) -> Path:
     return path
 
 
+def job_env(config: Path, run_dir: Path) -> dict[str, str]:
+    """What the example jobs read: SLURM's config, CONFIG, RUN_DIR, and this venv's switchps on PATH."""
+    return {**clean_env(), **(slurm_env() or {}), "CONFIG": str(config), "RUN_DIR": str(run_dir),
+            "PATH": f"{BIN}:{os.environ['PATH']}"}
+
+
 def sbatch_wait(tmp_path: Path, config: Path, run_dir: Path, *options: str) -> tuple[dict, str]:
     """Submit the example job and wait for it; its summary and its output."""
-    log = tmp_path / "job.out"
-    env = {**clean_env(), **(slurm_env() or {}), "CONFIG": str(config), "RUN_DIR": str(run_dir),
-           "PATH": f"{BIN}:{os.environ['PATH']}"}
+    log, env = tmp_path / "job.out", job_env(config, run_dir)
     name = f"switchps-test-{uuid.uuid4().hex[:8]}"
     try:
         out = subprocess.run(["sbatch", "--wait", "--export=ALL", f"--job-name={name}", f"--output={log}",
@@ -124,6 +133,40 @@ def job_state(job: str, env: dict[str, str]) -> str:
     return m.group(1) if m else "UNKNOWN"
 
 
+def submit(script: Path, env: dict[str, str], log: Path, chdir: Path, *options: str) -> str:
+    """Submit ``script`` without waiting; its job id."""
+    out = subprocess.run(["sbatch", "--parsable", "--export=ALL", f"--output={log}", f"--chdir={chdir}", *options,
+                          str(script)], capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def tail(log: Path) -> str:
+    return log.read_text()[-3000:] if log.exists() else ""
+
+
+def wait_while_running(cond: Callable[[], bool], jobs: dict[str, Path], env: dict[str, str], timeout_s: float,
+                       what: str) -> None:
+    """Poll ``cond`` while every job in ``jobs`` (id: its output) is queued or running; fail at once,
+    with the job's output, if one ended, and after ``timeout_s`` (a hang guard)."""
+    give_up = time.monotonic() + timeout_s
+    while not cond():
+        for job, log in jobs.items():
+            assert job_state(job, env) in ("PENDING", "RUNNING", "CONFIGURING"), \
+                f"job {job} ended before {what}: {tail(log)}"
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def wait_until_ended(job: str, log: Path, env: dict[str, str], timeout_s: float) -> str:
+    """Wait until ``job`` ended (a hang guard of ``timeout_s``); its final state."""
+    give_up = time.monotonic() + timeout_s
+    while (state := job_state(job, env)) not in ENDED:
+        assert time.monotonic() < give_up, f"job {job} did not end: {tail(log)}"
+        time.sleep(0.5)
+    return state
+
+
 @pytest.mark.usefixtures("slurm_cluster")
 def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     """`scontrol requeue` once the PS has checkpointed a trained version: the job runs again in the same
@@ -132,23 +175,14 @@ def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     raw = yaml.safe_load(config.read_text())
     raw.update(device={"samples_per_s": 200}, checkpoint={"every_updates": 40}, train={"steps": 400})
     config.write_text(yaml.safe_dump(raw))
-    env = {**clean_env(), **(slurm_env() or {}), "CONFIG": str(config), "RUN_DIR": str(run_dir),
-           "PATH": f"{BIN}:{os.environ['PATH']}"}
-    out = subprocess.run(["sbatch", "--parsable", "--export=ALL", f"--output={log}", f"--chdir={tmp_path}",
-                          "--time=00:04:00", str(SBATCH)], capture_output=True, text=True, timeout=30, env=env)
-    job = out.stdout.strip().split(";")[0]
+    env = job_env(config, run_dir)
+    job = submit(SBATCH, env, log, tmp_path, "--time=00:04:00")
     try:
-        assert out.returncode == 0, out.stderr
-        give_up = time.monotonic() + 270  # a hang guard past the job's own --time, not a timing assertion
-        while not trained_checkpoint(run_dir):
-            assert job_state(job, env) in ("PENDING", "RUNNING", "CONFIGURING"), log.read_text()[-3000:]
-            assert time.monotonic() < give_up, "no checkpoint of a trained version"
-            time.sleep(0.2)
+        # hang guards past the job's own --time (the requeued job has its --time again), not timing assertions
+        wait_while_running(lambda: trained_checkpoint(run_dir), {job: log}, env, 270,
+                           "a checkpoint of a trained version")
         assert subprocess.run(["scontrol", "requeue", job], env=env, timeout=30).returncode == 0
-        give_up = time.monotonic() + 270  # the requeued job has its --time again
-        while job_state(job, env) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
-            assert time.monotonic() < give_up, f"job {job} did not end: {log.read_text()[-3000:]}"
-            time.sleep(0.5)
+        wait_until_ended(job, log, env, 270)
         text = log.read_text()
         assert job_state(job, env) == "COMPLETED", text[-3000:]
     finally:
@@ -156,3 +190,63 @@ def test_a_requeued_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumes"] == 1 and summary["final_version"] == summary["updates"] == 400
     assert "restarts 1); run directory" in text and "(resuming)" in text
+
+
+def ps_members(run_dir: Path) -> list[int]:
+    """N per update, from ps.csv (none before the PS wrote it)."""
+    if not (run_dir / "ps.csv").is_file():
+        return []
+    with (run_dir / "ps.csv").open() as f:
+        return [int(r["members"]) for r in csv.DictReader(f)]
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [e for e in map(json.loads, lines) if e["event"] == name]
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_a_second_job_adds_workers_to_an_elastic_run_and_scancel_takes_them_out(tmp_path: Path) -> None:
+    """train.sbatch runs an elastic run of 2 workers (max 4); add_workers.sbatch joins 2 more (indices 2, 3)
+    from the run directory alone; `scancel` of that job makes them leave (N back to 2, reason `exited`); the
+    training job completes, every push counted once."""
+    config, run_dir = job_config(tmp_path), tmp_path / "run"
+    raw = yaml.safe_load(config.read_text())
+    raw["cluster"]["workers"] = {"min": 2, "max": 4, "start": 2}
+    raw["model"]["framework"] = "torch"  # the lighter worker start on a loaded machine
+    raw.update(data={"name": "digits", "sampling": "replacement"}, device={"samples_per_s": 400},
+               train={"seconds": 60})
+    config.write_text(yaml.safe_dump(raw))
+    env, train_log, add_log = job_env(config, run_dir), tmp_path / "train.out", tmp_path / "add.out"
+    train = submit(SBATCH, env, train_log, tmp_path, "--time=00:04:00")
+    jobs = [train]
+    try:
+        wait_while_running(lambda: 2 in ps_members(run_dir), {train: train_log}, env, 180,
+                           "updates of the 2 starting workers")
+        added = submit(ADD_WORKERS, {**env, "FIRST_INDEX": "2"}, add_log, tmp_path, "--ntasks=2", "--time=00:04:00")
+        jobs.append(added)
+        wait_while_running(lambda: 4 in ps_members(run_dir), {train: train_log, added: add_log}, env, 180,
+                           "updates of 4 members")
+        assert subprocess.run(["scancel", added], env=env, timeout=30).returncode == 0
+        wait_while_running(lambda: len(events(run_dir, "worker_left")) == 2 and ps_members(run_dir)[-1] == 2,
+                           {train: train_log}, env, 120, "the added workers' leaving")
+        assert wait_until_ended(added, add_log, env, 60) == "CANCELLED"
+        assert wait_until_ended(train, train_log, env, 240) == "COMPLETED", tail(train_log)
+    finally:
+        for job in jobs:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30, env=env)
+    members = ps_members(run_dir)
+    first4 = members.index(4)
+    assert set(members[:first4]) <= {2, 3} and members[-1] == 2
+    assert sorted(e["worker"] for e in events(run_dir, "worker_joined")) == [0, 1, 2, 3]
+    left = events(run_dir, "worker_left")
+    assert sorted(e["worker"] for e in left) == [2, 3]
+    assert {e["reason"] for e in left} == {"exited"}, "a worker SLURM stops with SIGTERM says it leaves"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with (run_dir / "ps.csv").open() as f:
+        applied = sum(len(r["workers"].split(";")) for r in csv.DictReader(f))
+    with (run_dir / "workers.csv").open() as f:
+        received = sum(1 for _ in csv.DictReader(f))
+    assert summary["pushes_accepted"] == applied, "every accepted push is in exactly one update"
+    assert received == summary["pushes_accepted"] + summary["pushes_dropped"], "every push received is counted"
