@@ -5,9 +5,12 @@ collect without them."""
 from __future__ import annotations
 
 import contextlib
+import csv
+import json
 from dataclasses import dataclass
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -34,6 +37,19 @@ def wait_until(cond, timeout_s: float = 10.0, what: str = "the condition") -> No
     while not cond():
         assert time.monotonic() < end, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def assert_each_push_counted_once(run_dir: Path) -> dict:
+    """A finished run's records agree: every accepted push is in exactly one update of ps.csv, and every push
+    a worker recorded (workers.csv) was accepted or dropped. Returns its summary."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with (run_dir / "ps.csv").open() as f:
+        applied = sum(len(r["workers"].split(";")) for r in csv.DictReader(f))
+    with (run_dir / "workers.csv").open() as f:
+        received = sum(1 for _ in csv.DictReader(f))
+    assert summary["pushes_accepted"] == applied, "every accepted push is in exactly one update"
+    assert received == summary["pushes_accepted"] + summary["pushes_dropped"], "every push received is counted"
+    return summary
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

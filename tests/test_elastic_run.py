@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
+from conftest import assert_each_push_counted_once, wait_until
 
 pytestmark = pytest.mark.integration
 SWITCHPS = str(Path(sys.executable).parent / "switchps")
@@ -59,13 +59,7 @@ def test_switchps_scale_grows_a_run_from_4_to_6_and_shrinks_it_to_3(tmp_path, pr
     left = [e for e in events if e["event"] == "worker_left"]
     assert sorted(e["worker"] for e in left) == [3, 4, 5]
     assert {e["reason"] for e in left} == {"exited"}, "a worker stopped by switchps scale says it leaves"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    with (run_dir / "ps.csv").open() as f:
-        applied = sum(len(r["workers"].split(";")) for r in csv.DictReader(f))
-    with (run_dir / "workers.csv").open() as f:
-        received = sum(1 for _ in csv.DictReader(f))
-    assert summary["pushes_accepted"] == applied, "every accepted push is in exactly one update"
-    assert received == summary["pushes_accepted"] + summary["pushes_dropped"], "every push received is counted"
+    assert_each_push_counted_once(run_dir)
 
 
 def test_a_second_worker_process_at_a_live_index_is_refused_and_gives_up(tmp_path, processes):
@@ -85,11 +79,8 @@ def test_a_second_worker_process_at_a_live_index_is_refused_and_gives_up(tmp_pat
     assert dup.returncode == 1 and "still refused: worker index in use 0" in last, dup.stderr[-3000:]
     assert "Traceback" not in dup.stderr
     assert launcher.wait(timeout=180) == 0, launcher.stderr.read()[-3000:] if launcher.stderr else ""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = assert_each_push_counted_once(run_dir)
     assert summary["rejections"].get("register:index_in_use", 0) >= 1, summary["rejections"]
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert sorted(e["worker"] for e in events if e["event"] == "worker_joined") == [0, 1, 2, 3]
     assert not [e for e in events if e["event"] == "worker_rejoined"], "the second process never registered"
-    with (run_dir / "ps.csv").open() as f:
-        applied = sum(len(r["workers"].split(";")) for r in csv.DictReader(f))
-    assert summary["pushes_accepted"] == applied

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from switchps.address import free_port
+from conftest import assert_each_push_counted_once
 from slurm_local import slurm_env
 
 pytest_plugins = ["slurm_local"]  # slurm_cluster: a running SLURM, or a skip (a failure under CI)
@@ -243,10 +244,4 @@ def test_a_second_job_adds_workers_to_an_elastic_run_and_scancel_takes_them_out(
     left = events(run_dir, "worker_left")
     assert sorted(e["worker"] for e in left) == [2, 3]
     assert {e["reason"] for e in left} == {"exited"}, "a worker SLURM stops with SIGTERM says it leaves"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    with (run_dir / "ps.csv").open() as f:
-        applied = sum(len(r["workers"].split(";")) for r in csv.DictReader(f))
-    with (run_dir / "workers.csv").open() as f:
-        received = sum(1 for _ in csv.DictReader(f))
-    assert summary["pushes_accepted"] == applied, "every accepted push is in exactly one update"
-    assert received == summary["pushes_accepted"] + summary["pushes_dropped"], "every push received is counted"
+    assert_each_push_counted_once(run_dir)
