@@ -157,3 +157,25 @@ def test_status_reads_a_live_ps_and_its_run_directory(cluster_factory):
     with con.capture() as out:
         con.print(status_table("127.0.0.1:1"))
     assert "not reachable" in out.get()
+
+
+def test_each_event_carries_its_records_time_not_the_flushs(tmp_path):
+    """Importers that keep one point of a tag per wall time (Aim's) see every update of one flush: each event
+    is stamped with its record's time_s (virtual in a simulation), anchored at the first record."""
+    from switchps.ps_server.tensorboard import TensorBoard
+
+    tb = TensorBoard(tmp_path)
+    tb.updates([{"version": str(v), "train_loss": "1", "lr": "0.1", "staleness_mean": "", "samples": "8",
+                 "protocol": "bsp", "time_s": str(10.0 + 0.5 * v)} for v in (1, 2, 3)])
+    tb.updates([{"version": "4", "train_loss": "1", "lr": "0.1", "staleness_mean": "", "samples": "8",
+                 "protocol": "bsp", "time_s": "11.5"}])  # at the same time as version 3
+    columns = ("time_s", "worker", "step", "compute_s", "sleep_s", "base_version", "local_losses")
+    tb.steps([("10.4", "0", "1", "0.1", "0", "0", ""), ("10.9", "0", "2", "0.1", "0", "1", "")], columns)
+    tb.evaluations([("11.6", 3, "0.5", "0.75")])
+    tb.close()
+    at = {(v.tag, e.step): e.wall_time for e in read_events(tmp_path / "tensorboard") for v in e.summary.value}
+    t0 = at["train/loss", 1] - 10.5
+    assert [at["train/loss", v] - t0 for v in (1, 2, 3)] == pytest.approx([10.5, 11.0, 11.5])
+    assert 0 < at["train/loss", 4] - at["train/loss", 3] < 1e-5, "after version 3, a microsecond on"
+    assert [at["workers/step_s/0", s] - t0 for s in (1, 2)] == pytest.approx([10.4, 10.9])
+    assert at["eval/test_accuracy", 3] - t0 == pytest.approx(11.6)

@@ -84,3 +84,25 @@ def test_local_steps_and_their_losses_are_recorded_per_update_and_per_push_and_s
     s = scalars(read_events(tmp_path / "tensorboard"))
     assert s["train/inner_loss"] == [(0, 1.5)], "the mean of each push's mean local loss, at the version pulled"
     assert s["train/outer_loss"] == [(0, 2.0)], "the first local step's: the loss at that version's values"
+
+
+def test_member_seconds_follow_the_members_per_update_and_survive_a_checkpoint(tmp_path):
+    """An elastic run's worker utilization divides by Σ members × time: 4 members for 10 s, 6 for 5 s, 3 to
+    the end at 20 s gives 4·10 + 6·5 + 3·5 = 85 (a fixed-size run's would be N × 20)."""
+    from switchps.ps_server.core.actions import Apply
+    from switchps.ps_server.core.events import Aggregate, Push
+
+    now = [0.0]
+    rec = RunRecorder(tmp_path, flush_every_s=None, clock=lambda: now[0])
+    rec.start(0.0)
+    assert rec.member_seconds(20.0, 4) == 80.0, "no update yet: the starting count"
+    for t, members in ((5.0, 4), (10.0, 6), (15.0, 3)):
+        now[0] = t
+        agg = Aggregate(t, [Push(1, 0, 0, 8, 0.0, t)], 8)
+        rec.update(Apply(int(t), agg, 1.0, "bsp", None, 0.0, members=members), 0.1)
+    assert rec.member_seconds(20.0, 4) == 4 * 10 + 6 * 5 + 3 * 5
+    again = RunRecorder(tmp_path / "again", flush_every_s=None, resume={"rows": {}, **rec.position()},
+                        clock=lambda: now[0])
+    assert again.member_seconds(20.0, 4) == 85.0
+    rec.close({})
+    again.close({})

@@ -106,8 +106,8 @@ def run_summary(cfg: RunConfig, core: Core, rec: RunRecorder, now: float, *, fin
         "samples_per_s": round(core.samples / wall, 1) if wall > 0 else None,
         "target_accuracy": target,
         "time_to_target_s": reached[0] if reached else None,
-        "worker_utilization": round(sum(rec.busy_s.values()) / (wall * cfg.cluster.num_workers), 4)
-        if wall > 0 else None,
+        "worker_utilization": round(sum(rec.busy_s.values()) / member_s, 4)
+        if (member_s := rec.member_seconds(wall, cfg.cluster.num_workers)) > 0 else None,
         "emulated_device": cfg.device.model_dump() if cfg.device.samples_per_s else None,
         "emulated_link": link.summary(wall) if link else None,
         "stragglers": cfg.stragglers.model_dump(exclude_none=True) or None,

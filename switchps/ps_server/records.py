@@ -132,6 +132,8 @@ class RunRecorder:
         self.tensorboard = TensorBoard(run_dir)
         self.mlflow = mlflow
         self.busy_s: Counter[int] = Counter()  # per worker: compute + injected delay, i.e. not waiting
+        self.member_s = 0.0  # Σ members in force × time, up to the latest update (``member_seconds``)
+        self._members: tuple[float, int] | None = None  # the latest update's time and members
         self._events: list[tuple[float, dict[str, Any]]] = []
         # appended to, never truncated: a PS restarted before its first checkpoint starts afresh after
         # what was logged before it (its predecessor's events, a Ray driver's)
@@ -161,6 +163,17 @@ class RunRecorder:
         row = {**update_row(a), "time_s": self.now(), "lr": lr}
         with self._lock:
             self.ps.append(tuple(_fmt(row.get(c)) for c in PS_COLUMNS))
+            since, members = self._members or (0.0, a.members)  # before the first update: its members
+            self.member_s += members * max(0.0, row["time_s"] - since)
+            self._members = (row["time_s"], a.members)
+
+    def member_seconds(self, until: float, members: int) -> float:
+        """Σ over training, until ``until``, of the members in force × time: each update's members from it to
+        the next (``members``, the count the run starts with, if none was applied). What an elastic run's
+        worker utilization divides by; a fixed-size run's is its N × ``until``."""
+        with self._lock:
+            since, n = self._members or (0.0, members)
+            return self.member_s + n * max(0.0, until - since)
 
     def step(self, worker: int, base_version: int, samples: int, stats: StepReport) -> None:
         """One worker step, as its push reported it: a workers.csv row, and the straggler plan if traced."""
@@ -221,7 +234,7 @@ class RunRecorder:
                              "trace": self.trace.count if self.trace else 0},
                     "counts": dict(self.counts), "reasons": dict(self.reasons),
                     "rejections": dict(self.rejections), "busy_s": {str(w): s for w, s in self.busy_s.items()},
-                    "evals": [list(e) for e in self.evals]}
+                    "member_s": [self.member_s, *(self._members or ())], "evals": [list(e) for e in self.evals]}
 
     def ps_rows(self) -> int:
         with self._lock:
@@ -232,6 +245,8 @@ class RunRecorder:
         self.reasons.update(d["reasons"])
         self.rejections.update(d["rejections"])
         self.busy_s.update({int(w): s for w, s in d["busy_s"].items()})
+        self.member_s, *latest = d.get("member_s", [0.0])  # a checkpoint from before elastic runs: none
+        self._members = (float(latest[0]), int(latest[1])) if latest else None
         self.evals = [(t, int(v), loss, acc) for t, v, loss, acc in d["evals"]]
 
     def start(self, t0: float) -> None:

@@ -19,6 +19,7 @@ text summary are used here.
 
 from __future__ import annotations
 
+import math
 import socket
 import struct
 import sys
@@ -104,12 +105,25 @@ class TensorBoard:
         self.protocol: str | None = None
         self.last: tuple[float, float] | None = None  # (time_s, samples) at the previous flush
         self.samples = 0.0
+        self._t0: float | None = None
+        self._latest: dict[str, float] = {}  # per kind of event, the latest wall time given
+
+    def _wall(self, time_s: float | str, kind: str) -> float:
+        """An event's wall time: when its record's ``time_s`` (seconds since training started, virtual in a
+        simulation) fell, anchored at the first record written, and after the previous event of its ``kind``
+        (records of one time are a microsecond apart). Importers that keep a tag's points only while its
+        wall time grows (Aim) then keep every one, not one per flush."""
+        t = float(time_s)
+        if self._t0 is None:
+            self._t0 = time.time() - t
+        wall = max(self._t0 + t, self._latest.get(kind, -math.inf) + 1e-6)
+        self._latest[kind] = wall
+        return wall
 
     def updates(self, rows: list[dict[str, str]]) -> None:
         """One event per update with its scalars (and a text entry when the protocol changes)."""
-        now = time.time()
         for r in rows:
-            v = int(r["version"])
+            v, now = int(r["version"]), self._wall(r["time_s"], "update")
             values = [Summary.Value(tag=tag, simple_value=float(r[key])) for tag, key in UPDATE_SCALARS
                       if r[key] != ""]
             values.append(Summary.Value(tag="train/protocol_index",
@@ -125,7 +139,7 @@ class TensorBoard:
             if self.last is not None and t > self.last[0]:
                 rate = (self.samples - self.last[1]) / (t - self.last[0])
                 self.file.summary([Summary.Value(tag="train/samples_per_s", simple_value=rate)],
-                                  int(rows[-1]["version"]), now)
+                                  int(rows[-1]["version"]), self._wall(t, "rate"))
             self.last = (t, self.samples)
 
     def steps(self, rows: list[tuple], columns: tuple[str, ...]) -> None:
@@ -133,32 +147,35 @@ class TensorBoard:
         holding every worker's scalar for it, so a BSP round's N steps are one event, not N (events
         dominated a 1,024-worker simulation's cost); and the inner and outer losses of pushes of local steps,
         one event per version they started from (the module docstring)."""
-        worker, step, compute, sleep, base, losses = (columns.index(c) for c in (
-            "worker", "step", "compute_s", "sleep_s", "base_version", "local_losses"))
+        at, worker, step, compute, sleep, base, losses = (columns.index(c) for c in (
+            "time_s", "worker", "step", "compute_s", "sleep_s", "base_version", "local_losses"))
         by_step: dict[int, list[Summary.Value]] = defaultdict(list)
         by_version: dict[int, list[list[float]]] = defaultdict(list)
+        step_at: dict[int, float] = {}  # each step number's latest record's time_s
+        version_at: dict[int, float] = {}  # each base version's
         for r in rows:
             if r[losses]:
                 by_version[int(r[base])].append([float(x) for x in r[losses].split()])
+                version_at[int(r[base])] = float(r[at])
             if int(r[worker]) >= WORKER_TAGS:
                 continue
             by_step[int(r[step])].append(Summary.Value(tag=f"workers/step_s/{r[worker]}",
                                                        simple_value=float(r[compute]) + float(r[sleep])))
-        now = time.time()
+            step_at[int(r[step])] = float(r[at])
         for n, values in by_step.items():
-            self.file.summary(values, n, now)
+            self.file.summary(values, n, self._wall(step_at[n], "step"))
         for v, pushes in by_version.items():
             inner, outer = (sum(xs) / len(xs) for xs in ([sum(p) / len(p) for p in pushes], [p[0] for p in pushes]))
             self.file.summary([Summary.Value(tag="train/inner_loss", simple_value=inner),
-                               Summary.Value(tag="train/outer_loss", simple_value=outer)], v, now)
+                               Summary.Value(tag="train/outer_loss", simple_value=outer)], v,
+                              self._wall(version_at[v], "local"))
 
     def evaluations(self, rows: list[tuple]) -> None:
-        now = time.time()
-        for _, version, loss, acc in rows:
+        for at, version, loss, acc in rows:
             values = [Summary.Value(tag=tag, simple_value=float(x))
                       for tag, x in (("eval/test_accuracy", acc), ("eval/test_loss", loss)) if x != ""]
             if values:
-                self.file.summary(values, int(version), now)
+                self.file.summary(values, int(version), self._wall(at, "eval"))
 
     def flush(self) -> None:
         self.file.flush()
