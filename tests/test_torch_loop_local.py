@@ -2,7 +2,8 @@
 a real ``switchps ps`` on loopback, each worker the README's loop in a thread of this process, real torch
 gradients, the PS's record read back. One round of local SGD is exactly H steps of ``torch.optim.SGD``; every
 push of each local protocol carries H local steps and the model trains; a live switch from gradients to local
-steps and back loses no push; under anytime local SGD the time budget ends the rounds."""
+steps and back loses no push; under anytime local SGD the time budget ends the rounds. And a loop that calls
+``leave()`` is out of an elastic run at once."""
 
 from __future__ import annotations
 
@@ -51,12 +52,17 @@ def loader(rank: int, workers: int) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(share(rank, workers), batch_size=B)
 
 
-def train(config: Path, rank: int, workers: int, net: torch.nn.Module, compute_s: float = 0.0) -> dict[str, Any]:
-    """The README's loop, as a user writes it (``compute_s``: a slower device's time per micro-batch); the
-    pushes made, and the model's values when the loop ends (the stop's reply brings the PS's final values)."""
+def train(config: Path, rank: int, workers: int, net: torch.nn.Module, compute_s: float = 0.0,
+          leave_after: int | None = None) -> dict[str, Any]:
+    """The README's loop, as a user writes it (``compute_s``: a slower device's time per micro-batch; after
+    ``leave_after`` steps it leaves the run); the pushes made, and the model's values when the loop ends (the
+    stop's reply brings the PS's final values)."""
     data = loader(rank, workers)
     ps = join(config, worker=rank, model=net, samples=len(share(rank, workers)))
     while not ps.stop:
+        if ps.steps == leave_after:
+            ps.leave()
+            break
         for x, y in ps.batches(data):
             ps.backward(F.cross_entropy(net(x), y, reduction="sum"))
             time.sleep(compute_s)  # the user's compute, emulated: not a wait on anything
@@ -76,9 +82,10 @@ class Run:
 
 
 def run_loop(tmp_path: Path, processes, monkeypatch, protocol: dict[str, Any], steps: int, workers: int = 2,
-             nets: list[torch.nn.Module] | None = None, compute_s: float = 0.0, **more: Any) -> Run:
+             nets: list[torch.nn.Module] | None = None, compute_s: float = 0.0,
+             leave_after: dict[int, int] | None = None, **more: Any) -> Run:
     """A PS for ``protocol`` (and ``more`` of the config), ``workers`` users' loops against it until it ends
-    the run after ``steps`` updates."""
+    the run after ``steps`` updates (worker i leaves after ``leave_after[i]`` steps)."""
     monkeypatch.setenv("SWITCHPS_SECRET", secrets.token_hex())
     raw = {"cluster": {"ps": "127.0.0.1:0", "workers": workers}, "model": {"framework": "torch"},
            "protocol": protocol, "optimizer": {"name": "sgd", "learning_rate": 0.2}, "train": {"steps": steps},
@@ -96,7 +103,8 @@ def run_loop(tmp_path: Path, processes, monkeypatch, protocol: dict[str, Any], s
     nets = nets or [model() for _ in range(workers)]
     pool = ThreadPoolExecutor(workers)
     try:
-        futures = [pool.submit(train, config, i, workers, nets[i], compute_s) for i in range(workers)]
+        futures = [pool.submit(train, config, i, workers, nets[i], compute_s, (leave_after or {}).get(i))
+                   for i in range(workers)]
         reports = [f.result(timeout=120) for f in futures]
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -179,3 +187,15 @@ def test_anytime_local_sgd_from_users_loops_ends_rounds_by_the_time_budget(tmp_p
     assert all(int(p["samples"]) == int(p["local_steps"]) * B for p in run.pushes)
     assert all(int(u["local_steps"]) * B == int(u["samples"]) for u in run.updates)
     assert len(run.updates) == 4
+
+
+def test_a_users_loop_that_leaves_an_elastic_run_is_out_at_once(tmp_path, processes, monkeypatch) -> None:
+    """``ps.leave()`` after 3 steps: the PS counts worker 1 gone at once (``worker_left``, ``exited``, with
+    ``leave_after_s`` at 10 minutes), and worker 0 trains the run to its end alone."""
+    elastic = {"ps": "127.0.0.1:0", "workers": {"min": 1, "max": 2, "start": 2}, "leave_after_s": 600}
+    run = run_loop(tmp_path, processes, monkeypatch, {"name": "asp", "batch": B}, steps=40, leave_after={1: 3},
+                   cluster=elastic, data={"name": "digits", "sampling": "replacement"})
+    assert run.reports[1]["steps"] == 3 and run.reports[0]["steps"] == 40 - 3
+    events = [json.loads(line) for line in (run.run_dir / "events.jsonl").read_text().splitlines()]
+    assert [(e["worker"], e["reason"]) for e in events if e["event"] == "worker_left"] == [(1, "exited")]
+    assert [int(u["members"]) for u in run.updates][-1] == 1

@@ -99,6 +99,12 @@ class Worker:
         """Whether the PS has ended the run."""
         return self.session.order.stop
 
+    def leave(self) -> None:
+        """Tell the PS this worker ends before the run does (a preemption's notice, a scale-down): an elastic
+        run counts it gone at once, a fixed-size one stops waiting for it until it pushes again. Push nothing
+        after it."""
+        self.session.leave()
+
     @property
     def steps(self) -> int:
         """The steps pushed so far (under local orders, rounds: one push each)."""
