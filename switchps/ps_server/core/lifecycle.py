@@ -16,7 +16,6 @@ once the holder was silent that long; the holder's pushes are then refused as ``
 """
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,15 +58,15 @@ class Lifecycle:
         if not 0 < partition_size <= MAX_PARTITION_SIZE:
             raise invalid("partition_size", f"partition size {partition_size} must be in [1, {MAX_PARTITION_SIZE}]")
 
-    def check_holder(self, worker: int, session: int, now: float, waiting: Collection[int]) -> None:
+    def check_holder(self, worker: int, session: int, now: float, protocol: AggregationRule) -> None:
         """Raise ``Rejected`` if process ``session`` may not take index ``worker``: another process holds it
-        and was heard from within ``lease_s`` (``waiting``: workers whose push waits for a reply)."""
+        and was heard from within ``lease_s``, or its push waits for a reply (in ``protocol``, or paused)."""
         m = self.members
         held = m.sessions.get(worker, 0)
         if 0 in (session, held) or held == session or worker not in m.registered:
             return
         silent = now - m.last_seen.get(worker, now - m.lease_s)
-        if worker in waiting or silent < m.lease_s:
+        if silent < m.lease_s or worker in self.waiting(protocol):
             raise index_in_use(worker, silent, m.lease_s)
 
     def check_registered(self, worker: int, session: int = 0) -> None:
@@ -90,11 +89,12 @@ class Lifecycle:
             raise invalid("version", f"base version {base_version} is not in [0, {version}]")
 
     def register(self, worker: int, partition_size: int, now: float, version: int,
-                 local_steps: bool = True, session: int = 0, waiting: Collection[int] = ()) -> list[Record]:
+                 protocol: AggregationRule, local_steps: bool = True, session: int = 0) -> list[Record]:
         """Process ``session`` registers as ``worker`` (again, after a restart: it rejoins), saying whether it
-        can take local steps; ``Rejected`` unless it is plausible and the index is free to it."""
+        can take local steps; ``Rejected`` unless it is plausible and the index is free to it (``protocol``: the
+        rule in force, which holds the pushes waiting for a reply)."""
         self.check_register(worker, partition_size)
-        self.check_holder(worker, session, now, waiting)
+        self.check_holder(worker, session, now, protocol)
         rejoin = worker in self.members.registered
         self.members.registered[worker] = partition_size
         if session != 0:

@@ -120,7 +120,7 @@ class Core:
         process ``session`` at ``now`` (``Lifecycle.check_holder``), and the worker can take local steps if
         the protocol in force has them."""
         self.lifecycle.check_register(worker, partition_size)
-        self.lifecycle.check_holder(worker, session, now, self.lifecycle.waiting(self.switching.protocol.rule))
+        self.lifecycle.check_holder(worker, session, now, self.switching.protocol.rule)
         self._check_local(worker, local_steps)
 
     def _check_local(self, worker: int, local_steps: bool) -> None:
@@ -150,9 +150,8 @@ class Core:
         ``Rejected`` for a bad one."""
         self._check_local(worker, local_steps)  # the lifecycle checks the rest
         was, paused = self.members.num_workers, self.members.paused
-        waiting = self.lifecycle.waiting(self.switching.protocol.rule)
-        self.outbox.add(self.lifecycle.register(worker, partition_size, now, self.version, local_steps, session,
-                                                waiting))
+        self.outbox.add(self.lifecycle.register(worker, partition_size, now, self.version,
+                                                self.switching.protocol.rule, local_steps, session))
         if self.started_at is not None and self.members.num_workers != was:  # an elastic run grew
             self._membership_changed(paused, now)
         self._maybe_start(now)
